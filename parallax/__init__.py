@@ -1,0 +1,16 @@
+"""Parallax: automatic data-parallel training of a TensorFlow graph written for one device.
+
+    import parallax            # before building the graph: gradients are recorded from here on
+    ...build the graph, e.g. with tf.compat.v1.train.AdamOptimizer(...).minimize(loss)...
+    runner = parallax.get_runner(graph, "localhost:0,1")
+    runner.run(train_op)
+"""
+from parallax import capture
+
+capture.install()
+
+from parallax.api import get_runner, shard  # noqa: E402  (after the capture hook is in place)
+from parallax.config import Config  # noqa: E402
+from parallax.errors import ParallaxError  # noqa: E402
+
+__all__ = ["get_runner", "shard", "Config", "ParallaxError"]

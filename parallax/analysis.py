@@ -1,0 +1,137 @@
+"""Analysis: from the recorded gradients, what each variable is and what updates it.
+
+Everything here is read from the graph itself (the capture collection, op types, colocation
+attributes), so it works on a graph imported from a MetaGraphDef as well as on one just built.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.capture import GradientRecord, read_records
+from parallax.errors import ParallaxError
+
+# Ops that write the variable given as their first input.
+_WRITE_OP_PREFIXES = ("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply",
+                      "Assign", "ResourceScatter", "Scatter")
+_VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
+
+
+@dataclasses.dataclass
+class VariableInfo:
+    name: str  # the variable's op name
+    dtype: tf.DType
+    shape: Tuple[int, ...]
+    gradients: List[GradientRecord]
+    update_ops: List[str]
+
+    @property
+    def is_sparse(self) -> bool:
+        return any(record.is_sparse for record in self.gradients)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size
+
+
+@dataclasses.dataclass
+class ExtraState:
+    """A variable without a gradient that training writes: optimizer slots, beta powers,
+    moving averages, global_step. It must be written exactly once per step."""
+
+    name: str
+    owner: Optional[str]  # the trainable variable it lives with (TF's colocation), if any
+    update_ops: List[str]
+
+
+@dataclasses.dataclass
+class GraphAnalysis:
+    variables: Dict[str, VariableInfo]  # in recording order
+    extra_state: Dict[str, ExtraState]
+
+    @property
+    def dense(self) -> List[VariableInfo]:
+        return [v for v in self.variables.values() if not v.is_sparse]
+
+    @property
+    def sparse(self) -> List[VariableInfo]:
+        return [v for v in self.variables.values() if v.is_sparse]
+
+
+def analyze(graph: tf.Graph) -> GraphAnalysis:
+    records = read_records(graph)
+    if not records:
+        raise ParallaxError(
+            "the graph has no recorded gradients: `import parallax` before building the "
+            "graph, then compute gradients with tf.compat.v1.gradients or a "
+            "tf.compat.v1.train.Optimizer (minimize / compute_gradients) inside that graph")
+    by_variable: Dict[str, List[GradientRecord]] = collections.OrderedDict()
+    for record in records:
+        by_variable.setdefault(record.variable, []).append(record)
+
+    writes = _writes_by_variable(graph)
+    downstream = _downstream_ops(graph, [graph.get_tensor_by_name(name)
+                                         for r in records for name in r.tensor_names()])
+    variables = collections.OrderedDict()
+    for name, grads in by_variable.items():
+        op = graph.get_operation_by_name(name)
+        variables[name] = VariableInfo(
+            name=name, dtype=tf.as_dtype(op.get_attr("dtype")),
+            shape=tuple(tf.TensorShape(op.get_attr("shape")).as_list()),
+            gradients=grads,
+            update_ops=[w for w in writes.get(name, []) if w in downstream])
+
+    extra_state = collections.OrderedDict()
+    for name, write_ops in writes.items():
+        training_writes = [w for w in write_ops if w in downstream]
+        if name in variables or not training_writes:
+            continue
+        extra_state[name] = ExtraState(name, _colocated_variable(graph, name, variables),
+                                       training_writes)
+    return GraphAnalysis(variables, extra_state)
+
+
+def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
+    writes: Dict[str, List[str]] = collections.defaultdict(list)
+    for op in graph.get_operations():
+        if not op.type.startswith(_WRITE_OP_PREFIXES) or not op.inputs:
+            continue
+        source = _variable_behind(op.inputs[0])
+        if source is not None:
+            writes[source].append(op.name)
+    return writes
+
+
+def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
+    """The variable op a handle or ref tensor comes from, looking through Identity."""
+    op = tensor.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    return op.name if op.type in _VARIABLE_OP_TYPES else None
+
+
+def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor]) -> set:
+    """Names of ops reachable from `tensors` through data and control edges: what a training
+    step runs because of the gradients (updates, and what is ordered after them)."""
+    seen = set()
+    frontier = [t.op for t in tensors]
+    while frontier:
+        op = frontier.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        frontier.extend(c for out in op.outputs for c in out.consumers())
+        frontier.extend(op._control_outputs)  # pylint: disable=protected-access
+    return seen
+
+
+def _colocated_variable(graph: tf.Graph, name: str, variables) -> Optional[str]:
+    for group in graph.get_operation_by_name(name).colocation_groups():
+        target = group.decode()[len("loc:@"):]
+        if target in variables:
+            return target
+    return None

@@ -1,0 +1,58 @@
+"""AllReduce pass: replicas stay identical by aggregating every gradient with Horovod.
+
+Aggregation is inserted right after autodiff, so whatever the user does with a gradient
+(clipping, scaling, the optimizer's update) sees the aggregate, as on a single device.
+"""
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from parallax.passes.rewire import record_aggregated, reroute
+from parallax.plan import Plan, Sync
+
+BROADCAST_COLLECTION = "parallax_broadcast"
+
+
+def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """Dense gradients become their allreduce; sparse ones the allgather of their slices."""
+    with graph.as_default(), tf.name_scope("parallax_allreduce"):
+        for var_plan in plan.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER):
+            op = hvd.Average if var_plan.average else hvd.Sum
+            for record in var_plan.variable.gradients:
+                if record.is_sparse:
+                    _aggregate_sparse(graph, record, op)
+                else:
+                    _aggregate_dense(graph, record, op)
+    return graph
+
+
+def _aggregate_dense(graph, record, op):
+    grad = graph.get_tensor_by_name(record.dense)
+    consumers = list(grad.consumers())
+    with tf.device(grad.op.device):
+        aggregated = hvd.allreduce(grad, op=op)
+    reroute(grad, aggregated, consumers)
+    record_aggregated(grad, aggregated)
+
+
+def _aggregate_sparse(graph, record, op):
+    values = graph.get_tensor_by_name(record.values)
+    indices = graph.get_tensor_by_name(record.indices)
+    dense_shape = (graph.get_tensor_by_name(record.dense_shape)
+                   if record.dense_shape else None)
+    consumers = {t: list(t.consumers()) for t in (values, indices)}
+    with tf.device(values.op.device):
+        aggregated = hvd.allreduce(tf.IndexedSlices(values, indices, dense_shape), op=op)
+    for old, new in ((values, aggregated.values), (indices, aggregated.indices)):
+        reroute(old, new, consumers[old])
+        record_aggregated(old, new)
+
+
+def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """Add the op that copies rank 0's initial values to every replica (run once after
+    initialization): replicas must start identical to stay identical."""
+    with graph.as_default(), tf.name_scope("parallax_broadcast"):
+        variables = tf.compat.v1.global_variables()
+        graph.add_to_collection(BROADCAST_COLLECTION, hvd.broadcast_variables(variables, 0))
+    return graph

@@ -1,0 +1,142 @@
+"""Run a job's processes together: stream their output, and stop them all as one.
+
+The job's rule: it succeeds when every process exits 0. The first process that fails, or a
+Ctrl-C / SIGTERM to the driver, stops every other process (SIGTERM to its process group, then
+SIGKILL after a grace period), so nothing is left running.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+GRACE_SECONDS = 5.0
+TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclasses.dataclass
+class ProcessSpec:
+    name: str  # shown as the '[name]' prefix of every output line and in errors
+    argv: List[str]
+    env: Dict[str, str]
+    cwd: Optional[str] = None
+    log_file: Optional[str] = None  # output goes here instead of the driver's stdout
+
+
+class JobFailed(RuntimeError):
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _die_with_parent():
+    # A child outlives a SIGKILLed driver unless the kernel is told to signal it.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _Process:
+    def __init__(self, spec: ProcessSpec, output_lock: threading.Lock):
+        self.spec = spec
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self._lock = output_lock
+        log = open(spec.log_file, "ab") if spec.log_file else None
+        self.popen = subprocess.Popen(
+            spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
+        self.reader.start()
+
+    def _pump(self, log):
+        prefix = f"[{self.spec.name}] ".encode()
+        try:
+            for line in iter(self.popen.stdout.readline, b""):
+                self.tail.append(line.decode(errors="replace").rstrip("\n"))
+                if log is not None:
+                    log.write(line)
+                    log.flush()
+                    continue
+                with self._lock:
+                    sys.stdout.buffer.write(prefix + line)
+                    sys.stdout.buffer.flush()
+        finally:
+            if log is not None:
+                log.close()
+
+    def signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.popen.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> None:
+    """Start every process and wait for all; raise JobFailed when the job does not succeed."""
+    stop_signal = []
+    previous = {sig: signal.signal(sig, lambda signum, _: stop_signal.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    lock = threading.Lock()
+    processes: List[_Process] = []
+    try:
+        for spec in specs:
+            processes.append(_Process(spec, lock))
+        failure = _wait(processes, stop_signal, poll_seconds)
+    finally:
+        _stop_all(processes)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure is not None:
+        raise failure
+
+
+def _wait(processes: List[_Process], stop_signal: list, poll_seconds: float):
+    running = list(processes)
+    while running:
+        if stop_signal:
+            name = signal.Signals(stop_signal[0]).name
+            return JobFailed(f"stopped by {name}: every process was terminated",
+                             128 + stop_signal[0])
+        for process in list(running):
+            code = process.popen.poll()
+            if code is None:
+                continue
+            running.remove(process)
+            if code != 0:
+                process.reader.join(timeout=2)
+                return JobFailed(_failure_message(process, code), code if code > 0 else 1)
+        time.sleep(poll_seconds)
+    return None
+
+
+def _failure_message(process: _Process, code: int) -> str:
+    status = (f"was killed by {signal.Signals(-code).name}" if code < 0
+              else f"exited with status {code}")
+    tail = "\n".join(f"    {line}" for line in process.tail) or "    (no output)"
+    return (f"{process.spec.name} {status}; the other processes were stopped.\n"
+            f"Last lines of {process.spec.name}:\n{tail}")
+
+
+def _stop_all(processes: List[_Process]) -> None:
+    alive = [p for p in processes if p.popen.poll() is None]
+    for process in alive:
+        process.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for process in alive:
+        try:
+            process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for process in processes:
+        # The group may hold grandchildren even after its leader exited.
+        process.signal_group(signal.SIGKILL)
+        process.popen.wait()
+        process.reader.join(timeout=2)
