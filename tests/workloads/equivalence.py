@@ -1,0 +1,117 @@
+"""Training runs compared against single-device training in the equivalence tests.
+
+As a script it is a Parallax job: every worker trains each configuration of one model on its
+shard and saves its variables and the global_step after every step. The tests import
+`train_single_device` to compute the reference on the combined batch in-process.
+
+    python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
+"""
+import argparse
+import itertools
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import parallax
+
+OPTIMIZERS = {
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+}
+CONFIGS = [f"{opt}{'+clip' if clip else ''}"
+           for opt, clip in itertools.product(OPTIMIZERS, (False, True))]
+VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
+STEPS, BATCH_PER_WORKER = 20, 4
+NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * 2
+
+
+def _examples(num_examples):
+    rng = np.random.RandomState(1234)
+    return {
+        "x": rng.randn(num_examples, FEATURES).astype(np.float32),
+        # Ids drawn from a small range repeat within a batch, so gradients have duplicate rows.
+        "ids": rng.randint(0, VOCAB // 2, size=(num_examples, IDS_PER_EXAMPLE)).astype(np.int64),
+        "label": rng.randint(0, CLASSES, size=num_examples).astype(np.int64),
+    }
+
+
+def _initial(shape, seed):
+    return tf.constant_initializer(np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5)
+
+
+def build(model, config, batch, shard):
+    """The single-device graph: same code for the reference and for every worker."""
+    optimizer_name, _, clip = config.partition("+")
+    graph = tf.Graph()
+    with graph.as_default():
+        dataset = tf.data.Dataset.from_tensor_slices(_examples(NUM_EXAMPLES))
+        if shard:
+            dataset = parallax.shard(dataset)
+        inputs = tf.compat.v1.data.make_one_shot_iterator(dataset.batch(batch)).get_next()
+        features = inputs["x"]
+        if model == "sparse":
+            embedding = tf.compat.v1.get_variable(
+                "embedding", [VOCAB, EMBED], initializer=_initial([VOCAB, EMBED], 1))
+            looked_up = tf.nn.embedding_lookup(embedding, inputs["ids"])
+            features = tf.concat([features, tf.reduce_mean(looked_up, axis=1)], axis=1)
+        width = features.shape[1]
+        w1 = tf.compat.v1.get_variable("w1", [width, HIDDEN], initializer=_initial([width, HIDDEN], 2))
+        b1 = tf.compat.v1.get_variable("b1", [HIDDEN], initializer=tf.compat.v1.zeros_initializer())
+        w2 = tf.compat.v1.get_variable("w2", [HIDDEN, CLASSES], initializer=_initial([HIDDEN, CLASSES], 3))
+        logits = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=inputs["label"], logits=logits))
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        optimizer = OPTIMIZERS[optimizer_name]()
+        if clip:
+            grads, variables = zip(*optimizer.compute_gradients(loss))
+            grads, _ = tf.clip_by_global_norm(grads, 0.3)
+            train_op = optimizer.apply_gradients(zip(grads, variables), global_step=global_step)
+        else:
+            train_op = optimizer.minimize(loss, global_step=global_step)
+    return graph, train_op, global_step
+
+
+def _train(run, graph, train_op, global_step):
+    steps = []
+    for _ in range(STEPS):
+        run(train_op)
+        steps.append(run(global_step))
+    with graph.as_default():
+        names = [v.op.name for v in tf.compat.v1.global_variables()]
+        values = run(tf.compat.v1.global_variables())
+    return dict(zip(names, values)), steps
+
+
+def train_single_device(model, config, batch):
+    graph, train_op, global_step = build(model, config, batch, shard=False)
+    with graph.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(init)
+        return _train(session.run, graph, train_op, global_step)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["dense", "sparse"], required=True)
+    parser.add_argument("--resources", default="localhost:0,1")
+    parser.add_argument("--run-option", default="AR")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    tf.compat.v1.disable_eager_execution()
+    for config in CONFIGS:
+        graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
+        runner = parallax.get_runner(graph, args.resources,
+                                     parallax.Config(run_option=args.run_option))
+        values, steps = _train(runner.run, graph, train_op, global_step)
+        np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
+                 global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
+        runner.close()
+
+
+if __name__ == "__main__":
+    main()
