@@ -1,6 +1,6 @@
 """Linear regression on synthetic data, trained data-parallel by Parallax.
 
-    python examples/linear_regression.py [resource_file]
+    python examples/linear_regression.py [resource_file] [steps]
 """
 import sys
 
@@ -10,7 +10,8 @@ import tensorflow as tf
 import parallax
 
 RESOURCES = sys.argv[1] if len(sys.argv) > 1 else "cluster_specs/localhost"
-BATCH_PER_WORKER, STEPS = 32, 60
+STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+BATCH_PER_WORKER = 32
 
 tf.compat.v1.disable_eager_execution()
 rng = np.random.RandomState(0)
@@ -31,7 +32,8 @@ with graph.as_default():
         loss, global_step=global_step)
 
 runner = parallax.get_runner(graph, RESOURCES)
-for _ in range(STEPS):
-    _, loss_value, step = runner.run([train_op, loss, global_step])
-    if runner.is_chief and step % 10 == 0:
-        print(f"step {step:3d}  loss {loss_value:.5f}", flush=True)
+for step in range(1, STEPS + 1):
+    _, loss_value = runner.run([train_op, loss])
+    if runner.is_chief and (step == 1 or step % 10 == 0):
+        print(f"step {step:4d}  loss {loss_value:.5f}  global_step {runner.run(global_step)}",
+              flush=True)

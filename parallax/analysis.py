@@ -15,9 +15,10 @@ import tensorflow as tf
 from parallax.capture import GradientRecord, read_records
 from parallax.errors import ParallaxError
 
-# Ops that write the variable given as their first input.
-_WRITE_OP_PREFIXES = ("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply",
-                      "Assign", "ResourceScatter", "Scatter")
+# Fused optimizer updates write every variable they take (the variable and its slots);
+# assignments and scatters write their first input.
+_FUSED_UPDATE_PREFIXES = ("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")
+_ASSIGN_PREFIXES = ("Assign", "ResourceScatter", "Scatter")
 _VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
 
 
@@ -98,10 +99,13 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
 def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
     writes: Dict[str, List[str]] = collections.defaultdict(list)
     for op in graph.get_operations():
-        if not op.type.startswith(_WRITE_OP_PREFIXES) or not op.inputs:
+        if op.type.startswith(_FUSED_UPDATE_PREFIXES):
+            written = op.inputs
+        elif op.type.startswith(_ASSIGN_PREFIXES) and op.inputs:
+            written = op.inputs[:1]
+        else:
             continue
-        source = _variable_behind(op.inputs[0])
-        if source is not None:
+        for source in {_variable_behind(t) for t in written} - {None}:
             writes[source].append(op.name)
     return writes
 

@@ -10,6 +10,7 @@ import collections
 import ctypes
 import dataclasses
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def _die_with_parent():
 
 
 class _Process:
-    def __init__(self, spec: ProcessSpec, output_lock: threading.Lock):
+    def __init__(self, spec: ProcessSpec, output_lock: threading.Lock, exits: queue.Queue):
         self.spec = spec
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self._lock = output_lock
@@ -55,6 +56,9 @@ class _Process:
             start_new_session=True, preexec_fn=_die_with_parent)
         self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
         self.reader.start()
+        # One waiter per process puts exits in the order they happen, so the job reports the
+        # process that failed first, not one that failed because of it.
+        threading.Thread(target=lambda: exits.put((self, self.popen.wait())), daemon=True).start()
 
     def _pump(self, log):
         prefix = f"[{self.spec.name}] ".encode()
@@ -84,12 +88,12 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> No
     stop_signal = []
     previous = {sig: signal.signal(sig, lambda signum, _: stop_signal.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
-    lock = threading.Lock()
+    lock, exits = threading.Lock(), queue.Queue()
     processes: List[_Process] = []
     try:
         for spec in specs:
-            processes.append(_Process(spec, lock))
-        failure = _wait(processes, stop_signal, poll_seconds)
+            processes.append(_Process(spec, lock, exits))
+        failure = _wait(len(processes), exits, stop_signal, poll_seconds)
     finally:
         _stop_all(processes)
         for sig, handler in previous.items():
@@ -98,22 +102,20 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> No
         raise failure
 
 
-def _wait(processes: List[_Process], stop_signal: list, poll_seconds: float):
-    running = list(processes)
+def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: float):
     while running:
         if stop_signal:
             name = signal.Signals(stop_signal[0]).name
             return JobFailed(f"stopped by {name}: every process was terminated",
                              128 + stop_signal[0])
-        for process in list(running):
-            code = process.popen.poll()
-            if code is None:
-                continue
-            running.remove(process)
-            if code != 0:
-                process.reader.join(timeout=2)
-                return JobFailed(_failure_message(process, code), code if code > 0 else 1)
-        time.sleep(poll_seconds)
+        try:
+            process, code = exits.get(timeout=poll_seconds)
+        except queue.Empty:
+            continue
+        running -= 1
+        if code != 0:
+            process.reader.join(timeout=2)
+            return JobFailed(_failure_message(process, code), code if code > 0 else 1)
     return None
 
 

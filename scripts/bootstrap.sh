@@ -8,6 +8,16 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${PARALLAX_VENV:-$repo/.venv}"
 python="${PYTHON:-python3}"
 
+# A bare Debian Python lacks venv, and Horovod compiles C++: install them when missing.
+need=()
+"$python" -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
+command -v g++ >/dev/null || need+=(g++)
+if [ ${#need[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || { echo "bootstrap: please install ${need[*]}" >&2; exit 1; }
+    echo "bootstrap: installing ${need[*]} with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
     echo "bootstrap: creating virtualenv $venv" >&2
     "$python" -m venv "$venv"
@@ -27,6 +37,6 @@ if ! "$venv/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
         "${pip[@]}" install --quiet --no-build-isolation horovod==0.28.1
 fi
 
-"${pip[@]}" install --quiet --no-deps -e "$repo"
-"$venv/bin/python" -c "import parallax, horovod.tensorflow" >/dev/null
+"${pip[@]}" install --quiet --no-deps --no-build-isolation -e "$repo"
+TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -c "import parallax, horovod.tensorflow" >/dev/null
 echo "bootstrap: ready ($venv)" >&2

@@ -1,0 +1,70 @@
+"""Analysis finds each variable's gradient, its update ops and the extra state training writes."""
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.analysis import analyze
+
+
+def _build(optimizer, with_ema=False):
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.constant([0, 2, 2], dtype=tf.int64)
+        embedding = tf.compat.v1.get_variable("embedding", [4, 2])
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(embedding, ids), w))
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = optimizer.minimize(loss, global_step=global_step)
+        if with_ema:
+            with tf.control_dependencies([train_op]):
+                tf.compat.v1.train.ExponentialMovingAverage(0.9).apply([embedding, w])
+    return graph
+
+
+def test_variables_gradients_and_update_ops():
+    analysis = analyze(_build(tf.compat.v1.train.GradientDescentOptimizer(0.1)))
+    assert list(analysis.variables) == ["embedding", "w"]
+    embedding, w = analysis.variables["embedding"], analysis.variables["w"]
+    assert embedding.is_sparse and not w.is_sparse
+    assert embedding.shape == (4, 2) and embedding.nbytes == 32
+    assert [v.name for v in analysis.sparse] == ["embedding"]
+    assert len(embedding.update_ops) == 1 and len(w.update_ops) == 1
+    assert list(analysis.extra_state) == ["global_step"]
+    assert analysis.extra_state["global_step"].owner is None
+
+
+def test_optimizer_slots_and_beta_powers_are_extra_state_with_owners():
+    analysis = analyze(_build(tf.compat.v1.train.AdamOptimizer(0.1)))
+    state = analysis.extra_state
+    assert state["embedding/Adam"].owner == "embedding"
+    assert state["w/Adam_1"].owner == "w"
+    assert {"beta1_power", "beta2_power", "global_step"} <= set(state)
+
+
+def test_moving_averages_are_extra_state_of_their_variable():
+    analysis = analyze(_build(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), with_ema=True))
+    state = analysis.extra_state
+    assert state["w/ExponentialMovingAverage"].owner == "w"
+    assert state["embedding/ExponentialMovingAverage"].owner == "embedding"
+    assert state["w/Momentum"].owner == "w"
+
+
+def test_graph_without_gradients_is_refused_with_advice():
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.get_variable("w", [2])
+    with pytest.raises(parallax.ParallaxError, match="no recorded gradients.*import parallax"):
+        analyze(graph)
+    with pytest.raises(parallax.ParallaxError, match="no recorded gradients"):
+        parallax.get_runner(graph, "localhost:0,1")
+
+
+def test_get_runner_refuses_what_is_not_a_graph():
+    with pytest.raises(parallax.ParallaxError, match="needs a tf.Graph"):
+        parallax.get_runner("graph.pbtxt", "localhost:0,1")
+
+
+def test_unknown_run_option_names_the_choices():
+    with pytest.raises(ValueError, match="unknown run_option 'ALLREDUCE'.*'AR'.*'MPI'"):
+        parallax.Config(run_option="ALLREDUCE")
+    assert parallax.Config(run_option="mpi").run_option == "AR"

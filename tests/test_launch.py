@@ -1,0 +1,107 @@
+"""Launching on one machine: one worker process per slot, output streamed with a prefix, and
+no process left behind whatever happens."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from conftest import REPO, WORKLOADS
+
+SCRIPT = os.path.join(WORKLOADS, "supervised.py")
+
+
+def _job_processes(token):
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("PARALLAX_TEST_TOKEN") == token:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _start(*args):
+    token = uuid.uuid4().hex
+    env = dict(os.environ, PARALLAX_TEST_TOKEN=token)
+    env.pop("PARALLAX_ROLE", None)
+    driver = subprocess.Popen([sys.executable, SCRIPT, *args], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return driver, token
+
+
+def _finish(driver, timeout=120):
+    output, _ = driver.communicate(timeout=timeout)
+    return driver.returncode, output
+
+
+def _assert_nothing_left(token):
+    deadline = time.monotonic() + 5
+    while _job_processes(token) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _job_processes(token) == [], "processes of the job are still running"
+
+
+def test_workers_run_with_prefixed_output():
+    driver, token = _start("ok")
+    code, output = _finish(driver)
+    assert code == 0, output
+    assert "[worker 0] worker 0 ready" in output and "[worker 1] worker 1 done" in output
+    _assert_nothing_left(token)
+
+
+def test_failed_worker_stops_the_job():
+    driver, token = _start("fail-worker-1")
+    code, output = _finish(driver)
+    assert code == 1, output
+    assert "worker 1 exited with status 1" in output
+    assert "RuntimeError: boom from worker 1" in output.split("Last lines of worker 1:")[1]
+    _assert_nothing_left(token)
+
+
+def test_fetch_not_in_graph_fails_the_job_with_its_name():
+    driver, token = _start("bad-fetch")
+    code, output = _finish(driver)
+    assert code != 0
+    assert "fetch 'no_such_tensor:0' is not in the graph" in output
+    _assert_nothing_left(token)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_driver_stops_every_worker(signum):
+    driver, token = _start("hang")
+    ready = 0
+    for line in driver.stdout:
+        ready += " ready" in line
+        if ready == 2:
+            break
+    assert ready == 2, "workers did not start"
+    started = time.monotonic()
+    driver.send_signal(signum)
+    code, output = _finish(driver, timeout=30)
+    assert time.monotonic() - started < 10
+    assert code == 128 + signum, output
+    assert f"stopped by {signal.Signals(signum).name}" in output
+    _assert_nothing_left(token)
+
+
+def test_redirect_path_writes_one_log_per_worker(tmp_path):
+    driver, token = _start("ok", "localhost:0,1", str(tmp_path))
+    code, output = _finish(driver)
+    assert code == 0, output
+    assert "[worker" not in output
+    for worker in (0, 1):
+        log = (tmp_path / f"worker_{worker}.log").read_text()
+        assert f"worker {worker} done" in log
+
+
+def test_loopback_addresses_are_separate_machines():
+    driver, token = _start("ok", "127.0.0.1:0\n127.0.0.2:0")
+    code, output = _finish(driver)
+    assert code == 0, output
+    assert "worker 1 done" in output

@@ -1,0 +1,35 @@
+"""A small Parallax job whose workers misbehave on request, for the supervision tests.
+
+    python supervised.py MODE [resources] [redirect_path]
+    MODE: ok | fail-worker-1 | hang | bad-fetch
+"""
+import sys
+import time
+
+import tensorflow as tf
+
+import parallax
+
+mode = sys.argv[1]
+resources = sys.argv[2] if len(sys.argv) > 2 else "localhost:0,1"
+redirect_path = sys.argv[3] if len(sys.argv) > 3 else None
+
+tf.compat.v1.disable_eager_execution()
+graph = tf.Graph()
+with graph.as_default():
+    w = tf.compat.v1.get_variable("w", [4], initializer=tf.compat.v1.ones_initializer())
+    loss = tf.reduce_sum(tf.square(w))
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+
+runner = parallax.get_runner(graph, resources, parallax.Config(redirect_path=redirect_path))
+print(f"worker {runner.worker_id} ready", flush=True)
+if mode == "fail-worker-1" and runner.worker_id == 1:
+    raise RuntimeError("boom from worker 1")
+if mode == "bad-fetch":
+    runner.run("no_such_tensor:0")
+steps = 10 if mode == "ok" else 10 ** 9  # the others would wait in allreduce forever
+for step in range(steps):
+    runner.run(train_op)
+    if mode == "hang":
+        time.sleep(0.05)
+print(f"worker {runner.worker_id} done, loss {runner.run(loss):.4f}", flush=True)
