@@ -28,6 +28,7 @@ def synthetic_images(count, seed=0):
 
 
 tf.compat.v1.disable_eager_execution()
+keras.utils.set_random_seed(0)  # a reproducible demo; replicas start from worker 0 anyway
 graph = tf.Graph()
 with graph.as_default():
     dataset = tf.data.Dataset.from_tensor_slices(synthetic_images(4096)).repeat()

@@ -18,7 +18,11 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-GRACE_SECONDS = 5.0
+GRACE_SECONDS = 4.0
+# After a failure, how long other processes may take to fail on their own before they are
+# stopped. A process that raised can exit after the peers its failure brought down (its
+# interpreter teardown is slow), so the report shows every failure in this window.
+FAILURE_WINDOW_SECONDS = 3.0
 TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1
 
@@ -103,7 +107,9 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> No
 
 
 def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: float):
-    while running:
+    failures = []
+    deadline = None
+    while running and (deadline is None or time.monotonic() < deadline):
         if stop_signal:
             name = signal.Signals(stop_signal[0]).name
             return JobFailed(f"stopped by {name}: every process was terminated",
@@ -115,16 +121,23 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
         running -= 1
         if code != 0:
             process.reader.join(timeout=2)
-            return JobFailed(_failure_message(process, code), code if code > 0 else 1)
-    return None
+            failures.append((process, code))
+            deadline = deadline or time.monotonic() + FAILURE_WINDOW_SECONDS
+    if not failures:
+        return None
+    first_code = failures[0][1]
+    return JobFailed(_failure_message(failures), first_code if first_code > 0 else 1)
 
 
-def _failure_message(process: _Process, code: int) -> str:
-    status = (f"was killed by {signal.Signals(-code).name}" if code < 0
-              else f"exited with status {code}")
-    tail = "\n".join(f"    {line}" for line in process.tail) or "    (no output)"
-    return (f"{process.spec.name} {status}; the other processes were stopped.\n"
-            f"Last lines of {process.spec.name}:\n{tail}")
+def _failure_message(failures) -> str:
+    statuses, tails = [], []
+    for process, code in failures:
+        status = (f"was killed by {signal.Signals(-code).name}" if code < 0
+                  else f"exited with status {code}")
+        statuses.append(f"{process.spec.name} {status}")
+        tail = "\n".join(f"    {line}" for line in process.tail) or "    (no output)"
+        tails.append(f"Last lines of {process.spec.name}:\n{tail}")
+    return "; ".join(statuses) + "; the other processes were stopped.\n" + "\n".join(tails)
 
 
 def _stop_all(processes: List[_Process]) -> None:

@@ -60,7 +60,8 @@ def test_failed_worker_stops_the_job():
     code, output = _finish(driver)
     assert code == 1, output
     assert "worker 1 exited with status 1" in output
-    assert "RuntimeError: boom from worker 1" in output.split("Last lines of worker 1:")[1]
+    tail_of_worker_1 = output.split("Last lines of worker 1:")[1].split("Last lines of")[0]
+    assert "RuntimeError: boom from worker 1" in tail_of_worker_1
     _assert_nothing_left(token)
 
 
