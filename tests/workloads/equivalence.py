@@ -5,11 +5,13 @@ shard and saves its variables and the global_step after every step. The tests im
 `train_single_device` to compute the reference on the combined batch in-process.
 
     python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
+        [--configs sgd adam+clip] [--sum]
 """
 import argparse
 import itertools
 import os
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -42,7 +44,20 @@ def _initial(shape, seed):
     return tf.constant_initializer(np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5)
 
 
-def build(model, config, batch, shard):
+def _keras_logits(features):
+    """Keras 3 layers pinned to a GPU, as users write them; soft placement runs them on CPU."""
+    with tf.device("/gpu:0"):
+        hidden = keras.layers.Dense(HIDDEN, activation="tanh", kernel_initializer=_keras_initial(
+            [FEATURES, HIDDEN], 2))(features)
+        return keras.layers.Dense(CLASSES, use_bias=False, kernel_initializer=_keras_initial(
+            [HIDDEN, CLASSES], 3))(hidden)
+
+
+def _keras_initial(shape, seed):
+    return keras.initializers.Constant(np.random.RandomState(seed).randn(*shape) * 0.5)
+
+
+def build(model, config, batch, shard, loss_scale=1.0):
     """The single-device graph: same code for the reference and for every worker."""
     optimizer_name, _, clip = config.partition("+")
     graph = tf.Graph()
@@ -57,12 +72,18 @@ def build(model, config, batch, shard):
                 "embedding", [VOCAB, EMBED], initializer=_initial([VOCAB, EMBED], 1))
             looked_up = tf.nn.embedding_lookup(embedding, inputs["ids"])
             features = tf.concat([features, tf.reduce_mean(looked_up, axis=1)], axis=1)
-        width = features.shape[1]
-        w1 = tf.compat.v1.get_variable("w1", [width, HIDDEN], initializer=_initial([width, HIDDEN], 2))
-        b1 = tf.compat.v1.get_variable("b1", [HIDDEN], initializer=tf.compat.v1.zeros_initializer())
-        w2 = tf.compat.v1.get_variable("w2", [HIDDEN, CLASSES], initializer=_initial([HIDDEN, CLASSES], 3))
-        logits = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2)
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        if model == "keras":
+            logits = _keras_logits(features)
+        else:
+            width = features.shape[1]
+            w1 = tf.compat.v1.get_variable(
+                "w1", [width, HIDDEN], initializer=_initial([width, HIDDEN], 2))
+            b1 = tf.compat.v1.get_variable(
+                "b1", [HIDDEN], initializer=tf.compat.v1.zeros_initializer())
+            w2 = tf.compat.v1.get_variable(
+                "w2", [HIDDEN, CLASSES], initializer=_initial([HIDDEN, CLASSES], 3))
+            logits = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2)
+        loss = loss_scale * tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=inputs["label"], logits=logits))
         global_step = tf.compat.v1.train.get_or_create_global_step()
         optimizer = OPTIMIZERS[optimizer_name]()
@@ -86,27 +107,32 @@ def _train(run, graph, train_op, global_step):
     return dict(zip(names, values)), steps
 
 
-def train_single_device(model, config, batch):
-    graph, train_op, global_step = build(model, config, batch, shard=False)
+def train_single_device(model, config, batch, loss_scale=1.0):
+    graph, train_op, global_step = build(model, config, batch, shard=False, loss_scale=loss_scale)
     with graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=graph) as session:
+    session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    with tf.compat.v1.Session(graph=graph, config=session_config) as session:
         session.run(init)
         return _train(session.run, graph, train_op, global_step)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["dense", "sparse"], required=True)
+    parser.add_argument("--model", choices=["dense", "sparse", "keras"], required=True)
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--configs", nargs="*", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--sum", action="store_true",
+                        help="aggregate gradients as the sum over workers, not the mean")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
-    for config in CONFIGS:
+    config_of_job = parallax.Config(run_option=args.run_option, average_dense=not args.sum,
+                                    average_sparse=not args.sum)
+    for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
-        runner = parallax.get_runner(graph, args.resources,
-                                     parallax.Config(run_option=args.run_option))
+        runner = parallax.get_runner(graph, args.resources, config_of_job)
         values, steps = _train(runner.run, graph, train_op, global_step)
         np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
                  global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
