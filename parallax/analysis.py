@@ -53,6 +53,10 @@ class ExtraState:
 class GraphAnalysis:
     variables: Dict[str, VariableInfo]  # in recording order
     extra_state: Dict[str, ExtraState]
+    update_reads: Dict[str, set]  # variable -> the variables its update ops read
+
+    def inputs_of_updates(self, variable: str) -> set:
+        return self.update_reads.get(variable, set())
 
     @property
     def dense(self) -> List[VariableInfo]:
@@ -75,8 +79,9 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
         by_variable.setdefault(record.variable, []).append(record)
 
     writes = _writes_by_variable(graph)
-    downstream = _downstream_ops(graph, [graph.get_tensor_by_name(name)
-                                         for r in records for name in r.tensor_names()])
+    gradient_tensors = [graph.get_tensor_by_name(name)
+                        for r in records for name in r.tensor_names()]
+    step_ops = _training_step_ops(graph, gradient_tensors, writes)
     variables = collections.OrderedDict()
     for name, grads in by_variable.items():
         op = graph.get_operation_by_name(name)
@@ -84,16 +89,19 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
             name=name, dtype=tf.as_dtype(op.get_attr("dtype")),
             shape=tuple(tf.TensorShape(op.get_attr("shape")).as_list()),
             gradients=grads,
-            update_ops=[w for w in writes.get(name, []) if w in downstream])
+            update_ops=[w for w in writes.get(name, []) if w in step_ops])
 
     extra_state = collections.OrderedDict()
     for name, write_ops in writes.items():
-        training_writes = [w for w in write_ops if w in downstream]
+        training_writes = [w for w in write_ops if w in step_ops]
         if name in variables or not training_writes:
             continue
         extra_state[name] = ExtraState(name, _colocated_variable(graph, name, variables),
                                        training_writes)
-    return GraphAnalysis(variables, extra_state)
+    stop = {t.op for t in gradient_tensors}
+    update_reads = {name: _variables_read(graph, info.update_ops, stop)
+                    for name, info in variables.items()}
+    return GraphAnalysis(variables, extra_state, update_reads)
 
 
 def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
@@ -118,6 +126,23 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
     return op.name if op.type in _VARIABLE_OP_TYPES else None
 
 
+def _training_step_ops(graph: tf.Graph, gradients: List[tf.Tensor], writes) -> set:
+    """Names of the ops a training step runs because of the gradients: what they feed or
+    precede, and what those writes need first (Adam's sparse update decays its slots, with no
+    input from the gradient, before adding to them)."""
+    downstream = _downstream_ops(graph, gradients)
+    step_writes = [graph.get_operation_by_name(w) for ops in writes.values() for w in ops
+                   if w in downstream]
+    seen, stack = set(), step_writes
+    while stack:
+        op = stack.pop()
+        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            if parent.name not in seen:
+                seen.add(parent.name)
+                stack.append(parent)
+    return downstream | seen
+
+
 def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor]) -> set:
     """Names of ops reachable from `tensors` through data and control edges: what a training
     step runs because of the gradients (updates, and what is ordered after them)."""
@@ -131,6 +156,23 @@ def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor]) -> set:
         frontier.extend(c for out in op.outputs for c in out.consumers())
         frontier.extend(op._control_outputs)  # pylint: disable=protected-access
     return seen
+
+
+def _variables_read(graph: tf.Graph, op_names: List[str], stop: set) -> set:
+    """Variables whose handles or refs feed `op_names`, not looking past the gradients (beyond
+    them lies the whole forward pass)."""
+    found, seen = set(), set()
+    frontier = [graph.get_operation_by_name(name) for name in op_names]
+    while frontier:
+        op = frontier.pop()
+        if op in seen or op in stop:
+            continue
+        seen.add(op)
+        if op.type in _VARIABLE_OP_TYPES:
+            found.add(op.name)
+            continue
+        frontier.extend(t.op for t in op.inputs)
+    return found
 
 
 def _colocated_variable(graph: tf.Graph, name: str, variables) -> Optional[str]:

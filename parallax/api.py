@@ -1,21 +1,26 @@
 """The two calls a user makes: `shard(dataset)` and `get_runner(graph, resources, config)`."""
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from typing import Optional
 
 import tensorflow as tf
 
 from parallax import launch
 from parallax.analysis import analyze
+from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
-from parallax.plan import describe, make_plan
+from parallax.passes.ps import SERVER_STATE_COLLECTION
+from parallax.plan import describe, effective_run_option, make_plan
 from parallax.session import ParallaxRunner
 
 log = logging.getLogger("parallax")
+_runs = []  # this process's get_runner calls: each gets fresh state on the servers
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -27,34 +32,73 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
 def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None):
     """Train `graph` (built for one device) data-parallel on `resources`.
 
-    In the process the user started (the driver) this launches one worker per slot, each
-    re-running the same script, waits for them and exits with their status: it does not return.
-    In a worker it returns a ParallaxRunner whose `run` takes the original graph's fetches.
+    In the process the user started (the driver) this launches the job's processes, waits for
+    them and exits with their status: it does not return. In a worker it returns a
+    ParallaxRunner whose `run` takes the original graph's fetches.
     """
     config = config or Config()
     if not isinstance(graph, tf.Graph):
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
     if launch.role() == "driver":
-        launch.run_driver(resources, config)
+        launch.run_driver(resources, config, effective_run_option(config.run_option, analysis))
     return _start_worker(graph, analysis, config)
 
 
 def _start_worker(graph, analysis, config) -> ParallaxRunner:
-    import horovod.tensorflow as hvd  # only workers join the Horovod job
+    cluster = Cluster.from_env()
+    _runs.append(len(_runs))
+    plan = make_plan(analysis, config, cluster, run_index=_runs[-1])
+    if plan.run_option in ("AR", "HYBRID"):
+        import horovod.tensorflow as hvd  # only jobs with replicas join a Horovod job
 
-    hvd.init()
-    plan = make_plan(analysis, config, hvd.size())
+        hvd.init()
     graph = transform(graph, plan)
-    with graph.as_default():
-        initialize = tf.group(tf.compat.v1.global_variables_initializer(),
-                              tf.compat.v1.local_variables_initializer(),
-                              tf.compat.v1.tables_initializer())
-    sess_config = config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    session = tf.compat.v1.Session(graph=graph, config=sess_config)
-    session.run(initialize)
-    session.run(graph.get_collection(BROADCAST_COLLECTION))
+    sess_config = tf.compat.v1.ConfigProto()
+    sess_config.CopyFrom(config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True))
+    target = ""
+    if cluster.has_servers:
+        # Each worker talks to the servers and to itself only, never waits for its peers.
+        sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
+        target = _worker_server(cluster, sess_config).target
+    session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
+    _initialize(session, graph, cluster)
     description = describe(plan)
-    if hvd.rank() == 0:
+    if cluster.is_chief:
         log.warning("%s", description)
-    return ParallaxRunner(graph, session, hvd.size(), hvd.rank(), description)
+    return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description)
+
+
+@functools.lru_cache(maxsize=None)
+def _server_of_process(cluster_json, worker_id, sess_config_bytes):
+    cluster = Cluster.from_json(cluster_json)
+    return tf.compat.v1.train.Server(
+        tf.train.ClusterSpec({"ps": cluster.servers, "worker": cluster.workers}),
+        job_name="worker", task_index=worker_id,
+        config=tf.compat.v1.ConfigProto.FromString(sess_config_bytes))
+
+
+def _worker_server(cluster, sess_config):
+    """This worker's gRPC server: one per process, however many runners it creates (a port
+    can be bound once)."""
+    return _server_of_process(cluster.to_env(), cluster.worker_id,
+                              sess_config.SerializeToString())
+
+
+def _initialize(session, graph, cluster) -> None:
+    """Every worker initializes its own replicas; the chief initializes what lives on servers
+    while the others wait for it; then replicas take worker 0's values."""
+    with graph.as_default():
+        variables = (tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+                     + graph.get_collection(SERVER_STATE_COLLECTION))
+        on_servers = [v for v in variables if v.op.device.startswith("/job:ps")]
+        replicas = [v for v in variables if not v.op.device.startswith("/job:ps")]
+        session.run([tf.compat.v1.variables_initializer(replicas),
+                     tf.compat.v1.tables_initializer()])
+        if on_servers and cluster.is_chief:
+            session.run(tf.compat.v1.variables_initializer(on_servers))
+        elif on_servers:
+            uninitialized = tf.compat.v1.report_uninitialized_variables(on_servers)
+            while len(session.run(uninitialized)):
+                time.sleep(0.2)
+    session.run(graph.get_collection(BROADCAST_COLLECTION))

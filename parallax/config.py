@@ -5,33 +5,53 @@ import dataclasses
 from typing import Optional
 
 # 'MPI' is the paper's name for the AllReduce path; both spell the same mode.
-RUN_OPTION_ALIASES = {"AR": "AR", "MPI": "AR"}
+RUN_OPTIONS = {"AR": "AR", "MPI": "AR", "PS": "PS", "HYBRID": "HYBRID"}
+
+
+@dataclasses.dataclass
+class PSConfig:
+    """Options of the parameter-server path.
+
+    local_aggregation: sum the sparse gradients of the workers of one machine on that machine,
+        so one gradient per variable per machine crosses to the owning server, not one per worker.
+    """
+
+    local_aggregation: bool = True
 
 
 @dataclasses.dataclass
 class Config:
     """How a job is distributed and run.
 
-    run_option: 'AR' (alias 'MPI'): every worker holds a replica; dense gradients are
-        allreduced and sparse ones allgathered with Horovod.
+    run_option:
+        'HYBRID' (default): dense variables are replicated and allreduced with Horovod, sparse
+            ones live on parameter servers. A model with only dense variables runs as 'AR' and
+            one with only sparse variables as 'PS'.
+        'AR' (alias 'MPI', the paper's name): every variable is replicated; dense gradients are
+            allreduced and sparse ones allgathered with Horovod.
+        'PS': every variable lives on the parameter servers (one per machine).
     average_dense / average_sparse: aggregate gradients as the mean over workers (as
         single-device training on the combined batch does for a mean loss) or as the sum.
     sess_config: a tf.compat.v1.ConfigProto for each worker's session (soft placement is
         turned on when not given, so a graph pinned to '/gpu:0' also runs on a CPU worker).
     redirect_path: a folder; when set, each process writes its output to its own log file
         there instead of streaming it to the driver's terminal.
+    ps_config: options of the parameter-server path (PSConfig).
     """
 
-    run_option: str = "AR"
+    run_option: str = "HYBRID"
     average_dense: bool = True
     average_sparse: bool = True
     sess_config: Optional[object] = None
     redirect_path: Optional[str] = None
+    ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
 
     def __post_init__(self):
         option = str(self.run_option).upper()
-        if option not in RUN_OPTION_ALIASES:
+        if option not in RUN_OPTIONS:
             raise ValueError(
-                f"unknown run_option {self.run_option!r}: use one of "
-                f"{sorted(RUN_OPTION_ALIASES)} ('MPI' is the paper's name for 'AR')")
-        self.run_option = RUN_OPTION_ALIASES[option]
+                f"unknown run_option {self.run_option!r}: use one of {sorted(RUN_OPTIONS)} "
+                "('MPI' is the paper's name for 'AR')")
+        self.run_option = RUN_OPTIONS[option]
+        if not isinstance(self.ps_config, PSConfig):
+            raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")

@@ -2,10 +2,13 @@
 were written against the original graph (objects or names, nested as Session.run takes them)."""
 from __future__ import annotations
 
+import json
+
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
 from parallax.passes.rewire import read_aggregated
+from parallax.passes.sync import STEP_COLLECTION
 
 
 class ParallaxRunner:
@@ -19,6 +22,10 @@ class ParallaxRunner:
         self.worker_id = worker_id
         self._description = description
         self._aggregated = read_aggregated(graph)
+        # A fetched server-side update is the whole step: on the chief its updates and the
+        # release of the other workers, on the others the wait for that release.
+        self._step_ops = {pair["op"]: graph.get_operation_by_name(pair["step_done"])
+                          for pair in map(json.loads, graph.get_collection(STEP_COLLECTION))}
 
     @property
     def is_chief(self) -> bool:
@@ -51,6 +58,8 @@ class ParallaxRunner:
                                     self._aggregate(element.indices), element.dense_shape)
         if isinstance(element, tf.Tensor):
             return self._aggregate(element)
+        if isinstance(element, tf.Operation):
+            return self._step_ops.get(element.name, element)
         return element
 
     def _aggregate(self, tensor: tf.Tensor) -> tf.Tensor:

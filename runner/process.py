@@ -1,8 +1,9 @@
 """Run a job's processes together: stream their output, and stop them all as one.
 
-The job's rule: it succeeds when every process exits 0. The first process that fails, or a
-Ctrl-C / SIGTERM to the driver, stops every other process (SIGTERM to its process group, then
-SIGKILL after a grace period), so nothing is left running.
+The job's rule: it succeeds when every process exits 0, services (parameter servers) aside:
+they run until the others are done. The first process that fails, or a Ctrl-C / SIGTERM to the
+driver, stops every other process (SIGTERM to its process group, then SIGKILL after a grace
+period), so nothing is left running.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class ProcessSpec:
     env: Dict[str, str]
     cwd: Optional[str] = None
     log_file: Optional[str] = None  # output goes here instead of the driver's stdout
+    service: bool = False  # serves the others (a parameter server): the job does not wait for
+    # it to finish, stops it at the end, and fails if it exits before then
 
 
 class JobFailed(RuntimeError):
@@ -97,7 +100,8 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> No
     try:
         for spec in specs:
             processes.append(_Process(spec, lock, exits))
-        failure = _wait(len(processes), exits, stop_signal, poll_seconds)
+        failure = _wait(sum(not p.spec.service for p in processes), exits, stop_signal,
+                        poll_seconds)
     finally:
         _stop_all(processes)
         for sig, handler in previous.items():
@@ -118,8 +122,8 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
             process, code = exits.get(timeout=poll_seconds)
         except queue.Empty:
             continue
-        running -= 1
-        if code != 0:
+        running -= not process.spec.service
+        if code != 0 or process.spec.service:
             process.reader.join(timeout=2)
             failures.append((process, code))
             deadline = deadline or time.monotonic() + FAILURE_WINDOW_SECONDS
@@ -134,6 +138,8 @@ def _failure_message(failures) -> str:
     for process, code in failures:
         status = (f"was killed by {signal.Signals(-code).name}" if code < 0
                   else f"exited with status {code}")
+        if process.spec.service:
+            status += " while the job was running"
         statuses.append(f"{process.spec.name} {status}")
         tail = "\n".join(f"    {line}" for line in process.tail) or "    (no output)"
         tails.append(f"Last lines of {process.spec.name}:\n{tail}")

@@ -1,4 +1,5 @@
-"""Data-parallel training must be numerically single-device training on the combined batch."""
+"""Data-parallel training must be numerically single-device training on the combined batch:
+for every run option, optimizer, with and without clip_by_global_norm, with moving averages."""
 import os
 
 import numpy as np
@@ -7,25 +8,45 @@ import pytest
 from conftest import WORKLOADS, load_workload, run_job
 
 equivalence = load_workload("equivalence")
+TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
+
+JOBS = {
+    # name: (model, resources, extra arguments)
+    "AR-dense": ("dense", "localhost:0,1", ["--run-option", "AR"]),
+    "AR-sparse": ("sparse", "localhost:0,1", ["--run-option", "MPI"]),
+    "AR-keras": ("keras", "localhost:0,1", ["--run-option", "AR"]),
+    "PS": ("sparse", TWO_MACHINES, ["--run-option", "PS"]),
+    "PS-no-local-aggregation": ("sparse", TWO_MACHINES,
+                                ["--run-option", "PS", "--no-local-aggregation"]),
+    "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
+    "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
+                                    ["--run-option", "HYBRID", "--no-local-aggregation"]),
+}
 
 
-@pytest.fixture(scope="module", params=["dense", "sparse", "keras"])
+def _workers(resources):
+    return sum(len(host.split(":")[1].split(",")) for host in resources.split(";"))
+
+
+@pytest.fixture(scope="module", params=list(JOBS))
 def job(request, tmp_path_factory):
-    """One 2-worker job per model trains every optimizer configuration."""
+    """One job per setting trains every optimizer configuration."""
+    model, resources, extra = JOBS[request.param]
     out = tmp_path_factory.mktemp(request.param)
-    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", request.param,
-                     "--resources", "localhost:0,1", "--out", str(out))
+    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", model,
+                     "--resources", resources, "--out", str(out), *extra, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return request.param, out
+    return model, _workers(resources), out
 
 
 @pytest.mark.parametrize("config", equivalence.CONFIGS)
-def test_two_workers_equal_single_device(job, config):
-    model, out = job
+def test_workers_equal_single_device(job, config):
+    model, workers, out = job
     expected, expected_steps = equivalence.train_single_device(
-        model, config, 2 * equivalence.BATCH_PER_WORKER)
+        model, config, workers * equivalence.BATCH_PER_WORKER)
     assert expected_steps == list(range(1, equivalence.STEPS + 1))
-    for worker in (0, 1):
+    assert any(name.endswith("ExponentialMovingAverage") for name in expected)
+    for worker in range(workers):
         saved = np.load(out / f"{config}.worker{worker}.npz")
         assert saved["global_steps"].tolist() == expected_steps, "global_step must advance by 1"
         names = {k[len("var/"):] for k in saved.files if k.startswith("var/")}

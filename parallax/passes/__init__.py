@@ -1,14 +1,25 @@
 """Transformation passes: each takes the graph (and the plan) and returns the graph rewritten
-for one concern. `transform` composes them for the plan's run option."""
+for one concern. `transform` composes them for the plan's run option; HYBRID is the AllReduce
+passes over the dense variables and the PS passes over the sparse ones, each pass handling the
+variables the plan gives its kind of synchronization."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from parallax.passes.allreduce import allreduce_gradients, broadcast_initial_values
+from parallax.passes.placement import place_post_aggregation_ops
+from parallax.passes.ps import aggregate_on_servers, place_variables_on_servers
+from parallax.passes.replicate import pin_to_worker, separate_runner_state
+from parallax.passes.sync import synchronize_steps
 from parallax.plan import Plan
 
+_ALLREDUCE = (allreduce_gradients, broadcast_initial_values)
+_PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
+       place_post_aggregation_ops, synchronize_steps, separate_runner_state)
 _PIPELINES = {
-    "AR": (allreduce_gradients, broadcast_initial_values),
+    "AR": _ALLREDUCE,
+    "PS": _PS,
+    "HYBRID": _ALLREDUCE + _PS,
 }
 
 

@@ -51,8 +51,10 @@ def _aggregate_sparse(graph, record, op):
 
 def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Add the op that copies rank 0's initial values to every replica (run once after
-    initialization): replicas must start identical to stay identical."""
+    initialization): replicas must start identical to stay identical. Server-resident
+    variables have a single copy and are left out."""
     with graph.as_default(), tf.name_scope("parallax_broadcast"):
-        variables = tf.compat.v1.global_variables()
+        variables = [v for v in tf.compat.v1.global_variables()
+                     if plan.server_of(v.op.name) is None]
         graph.add_to_collection(BROADCAST_COLLECTION, hvd.broadcast_variables(variables, 0))
     return graph

@@ -5,7 +5,7 @@ shard and saves its variables and the global_step after every step. The tests im
 `train_single_device` to compute the reference on the combined batch in-process.
 
     python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
-        [--configs sgd adam+clip] [--sum]
+        [--configs sgd adam+clip] [--sum] [--no-local-aggregation]
 """
 import argparse
 import itertools
@@ -27,7 +27,8 @@ CONFIGS = [f"{opt}{'+clip' if clip else ''}"
            for opt, clip in itertools.product(OPTIMIZERS, (False, True))]
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
 STEPS, BATCH_PER_WORKER = 20, 4
-NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * 2
+MAX_WORKERS = 4
+NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * MAX_WORKERS
 
 
 def _examples(num_examples):
@@ -93,6 +94,10 @@ def build(model, config, batch, shard, loss_scale=1.0):
             train_op = optimizer.apply_gradients(zip(grads, variables), global_step=global_step)
         else:
             train_op = optimizer.minimize(loss, global_step=global_step)
+        # Moving averages of the variables, updated once per step after the update.
+        with tf.control_dependencies([train_op]):
+            train_op = tf.compat.v1.train.ExponentialMovingAverage(0.9).apply(
+                tf.compat.v1.trainable_variables())
     return graph, train_op, global_step
 
 
@@ -126,10 +131,12 @@ def main():
     parser.add_argument("--configs", nargs="*", default=CONFIGS, choices=CONFIGS)
     parser.add_argument("--sum", action="store_true",
                         help="aggregate gradients as the sum over workers, not the mean")
+    parser.add_argument("--no-local-aggregation", action="store_true")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
-    config_of_job = parallax.Config(run_option=args.run_option, average_dense=not args.sum,
-                                    average_sparse=not args.sum)
+    config_of_job = parallax.Config(
+        run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
+        ps_config=parallax.PSConfig(local_aggregation=not args.no_local_aggregation))
     for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
         runner = parallax.get_runner(graph, args.resources, config_of_job)

@@ -1,0 +1,63 @@
+"""The job's topology as one worker sees it: its id, the machines, the servers. The driver
+writes it into each process's environment; nothing here depends on TensorFlow."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import List
+
+CLUSTER_ENV = "PARALLAX_CLUSTER"
+SERVER_INDEX_ENV = "PARALLAX_SERVER_INDEX"
+
+
+@dataclasses.dataclass
+class Cluster:
+    worker_machines: List[int]  # machine index of each worker, by worker id
+    servers: List[str] = dataclasses.field(default_factory=list)  # 'host:port', one per machine
+    workers: List[str] = dataclasses.field(default_factory=list)  # 'host:port' when servers exist
+    worker_id: int = 0
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_machines)
+
+    @property
+    def num_machines(self) -> int:
+        return max(self.worker_machines) + 1
+
+    @property
+    def machine(self) -> int:
+        return self.worker_machines[self.worker_id]
+
+    def workers_on(self, machine: int) -> List[int]:
+        return [w for w, m in enumerate(self.worker_machines) if m == machine]
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_id == 0
+
+    @property
+    def is_local_chief(self) -> bool:
+        return self.workers_on(self.machine)[0] == self.worker_id
+
+    @property
+    def has_servers(self) -> bool:
+        return bool(self.servers)
+
+    def server_device(self, server: int) -> str:
+        return f"/job:ps/task:{server}/device:CPU:0"
+
+    def worker_device(self) -> str:
+        return f"/job:worker/task:{self.worker_id}"
+
+    def to_env(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Cluster":
+        return cls(**json.loads(text))
+
+    @classmethod
+    def from_env(cls) -> "Cluster":
+        return cls.from_json(os.environ[CLUSTER_ENV])

@@ -1,0 +1,86 @@
+"""Placement of the ops between aggregated gradients and updates (paper §5.3.2).
+
+Walking from the aggregates towards the updates, an op whose inputs (from that region) all come
+from one process runs in that process; an op with inputs from several processes is shared and
+runs on the first server; an op with shared inputs and inputs from one process runs with the
+latter. clip_by_global_norm thus computes each norm beside its gradient, the global norm on the
+first server, and each clip beside its gradient.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from parallax.passes.rewire import read_aggregated
+from parallax.plan import Plan
+
+_VARIABLE_OPS = ("VarHandleOp", "VariableV2")
+
+
+def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    if not plan.cluster.has_servers:
+        return graph
+    starts = {graph.get_tensor_by_name(name).op for name in read_aggregated(graph).values()}
+    updates = {graph.get_operation_by_name(name) for var_plan in plan.variables.values()
+               for name in var_plan.variable.update_ops}
+    region = _between(starts, updates)
+    shared = set()
+    for op in _topological(region):
+        if any(t.op.type in _VARIABLE_OPS for t in op.inputs):
+            continue  # reads and writes of a variable stay with it
+        producers = [t.op for t in op.inputs if t.op in region or t.op in starts]
+        local = {_process(p) for p in producers if p not in shared}
+        if len(local) == 1:
+            target = next(iter(local))
+        else:
+            target = ("ps", 0)
+            if producers:
+                shared.add(op)
+        op._set_device(_device(op, target, plan))  # pylint: disable=protected-access
+    return graph
+
+
+def _process(op):
+    spec = tf.DeviceSpec.from_string(op.device or "")
+    return spec.job, spec.task
+
+
+def _device(op, process, plan):
+    job, task = process
+    if job == "ps":
+        return plan.cluster.server_device(task)
+    return tf.DeviceSpec.from_string(op.device or "").replace(job=job, task=task).to_string()
+
+
+def _between(starts, ends) -> set:
+    """Ops on a data path from `starts` to `ends`, both excluded."""
+    downstream, stack = set(), list(starts)
+    while stack:
+        for out in stack.pop().outputs:
+            for consumer in out.consumers():
+                if consumer not in downstream and consumer not in ends:
+                    downstream.add(consumer)
+                    stack.append(consumer)
+    upstream, stack = set(), list(ends)
+    while stack:
+        for parent in (t.op for t in stack.pop().inputs):
+            if parent in downstream and parent not in upstream:
+                upstream.add(parent)
+                stack.append(parent)
+    return upstream
+
+
+def _topological(ops):
+    ordered, placed = [], set()
+    pending = sorted(ops, key=lambda op: op._id)  # pylint: disable=protected-access
+    while pending:
+        remaining = []
+        for op in pending:
+            if all(t.op not in ops or t.op in placed for t in op.inputs):
+                ordered.append(op)
+                placed.add(op)
+            else:
+                remaining.append(op)
+        if len(remaining) == len(pending):
+            raise RuntimeError("cycle among post-aggregation ops")
+        pending = remaining
+    return ordered

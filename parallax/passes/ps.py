@@ -1,0 +1,103 @@
+"""Parameter-server pass: variables on the servers, gradients aggregated where they live.
+
+Each step every worker pushes its gradient into a queue on the variable's server; the chief
+takes all of them there, so the user's post-processing and update ops (placed with the variable)
+see the aggregate and run exactly once. A sparse gradient is aggregated by concatenating the
+workers' slices, which keeps every row single-device training would have (clip_by_global_norm
+counts duplicate rows separately). Other workers get the aggregate, when their graph needs it
+(for a global norm, say), from a mirror variable the chief fills before it releases the step.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from parallax.capture import GradientRecord
+from parallax.passes import local_aggregation
+from parallax.passes.queues import concat_slices, shared_queue
+from parallax.passes.rewire import record_aggregated, reroute
+from parallax.plan import Plan, Sync
+
+PUSH_COLLECTION = "parallax_push"  # this worker's gradient pushes (ops)
+MIRROR_ASSIGN_COLLECTION = "parallax_mirror_assign"  # the chief's mirror writes (ops)
+MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
+SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
+
+
+def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """Each server-resident variable, and every op that touches its handle or is colocated
+    with it (reads, gathers, updates, initializer, slots), goes to its server."""
+    for op in graph.get_operations():
+        names = [g.decode()[len("loc:@"):] for g in op.colocation_groups()]
+        names += [t.op.name for t in op.inputs if t.op.type in ("VarHandleOp", "VariableV2")]
+        servers = {plan.server_of(name) for name in names} - {None}
+        if servers:
+            op._set_device(plan.cluster.server_device(min(servers)))  # pylint: disable=protected-access
+    return graph
+
+
+def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    cluster = plan.cluster
+    with graph.as_default(), tf.name_scope("parallax_ps"):
+        for var_plan in plan.with_sync(Sync.PS):
+            device = cluster.server_device(var_plan.server)
+            for index, record in enumerate(var_plan.variable.gradients):
+                key = f"{var_plan.variable.name}/{index}"
+                parts = _gradient_parts(graph, record)
+                consumers = [list(t.consumers()) for t in parts]
+                queue = shared_queue(parts, f"grad/{key}", device)
+                if record.is_sparse and plan.local_aggregation and cluster.num_machines > 1:
+                    push, producers = local_aggregation.push_through_machine(parts, key, plan,
+                                                                            queue)
+                else:
+                    push, producers = queue.enqueue(parts), cluster.num_workers
+                graph.add_to_collection(PUSH_COLLECTION, push)
+                with tf.device(device):
+                    mirrors = _mirror_variables(parts, key)
+                    if cluster.is_chief:
+                        aggregated = _take(queue, parts, producers, push, var_plan.average,
+                                           cluster.num_workers)
+                        for mirror, value in zip(mirrors, aggregated):
+                            graph.add_to_collection(MIRROR_ASSIGN_COLLECTION, mirror.assign(
+                                value, read_value=False))
+                    else:
+                        # The read op itself, so the step token can be made to precede it.
+                        aggregated = [tf.raw_ops.ReadVariableOp(resource=m.handle, dtype=m.dtype)
+                                      for m in mirrors]
+                        for read in aggregated:
+                            graph.add_to_collection(MIRROR_READ_COLLECTION, read.op)
+                for old, new, old_consumers in zip(parts, aggregated, consumers):
+                    reroute(old, new, old_consumers)
+                    record_aggregated(old, new)
+    return graph
+
+
+def _gradient_parts(graph, record: GradientRecord):
+    names = [record.values, record.indices] if record.is_sparse else [record.dense]
+    return [graph.get_tensor_by_name(name) for name in names]
+
+
+def _take(queue, parts, producers, own_push, average, num_workers):
+    """The chief's aggregate of every producer's item: summed (dense) or concatenated (sparse)."""
+    with tf.control_dependencies([own_push]):
+        if len(parts) == 1:
+            aggregated = [tf.reduce_sum(queue.dequeue_many(producers), axis=0)]
+        else:
+            aggregated = concat_slices([queue.dequeue() for _ in range(producers)])
+    if average:
+        aggregated[0] = aggregated[0] / tf.cast(num_workers, aggregated[0].dtype)
+    return aggregated
+
+
+def _mirror_variables(parts, key):
+    """Variables holding the step's aggregate for the workers other than the chief. A sparse
+    gradient's row count changes every step, hence its first dimension is left open."""
+    mirrors = []
+    for index, part in enumerate(parts):
+        sparse = len(parts) > 1
+        shape = tf.TensorShape([None]).concatenate(part.shape[1:]) if sparse else part.shape
+        initial = tf.zeros([0] + shape[1:].as_list() if sparse else shape, dtype=part.dtype)
+        mirrors.append(tf.compat.v1.Variable(
+            initial, trainable=False, shape=shape, validate_shape=not sparse, use_resource=True,
+            name=f"mirror_{key.replace('/', '_')}_{index}",
+            collections=[SERVER_STATE_COLLECTION]))
+    return mirrors
