@@ -84,8 +84,9 @@ def build(model, config, batch, shard, loss_scale=1.0):
             w2 = tf.compat.v1.get_variable(
                 "w2", [HIDDEN, CLASSES], initializer=_initial([HIDDEN, CLASSES], 3))
             logits = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2)
-        loss = loss_scale * tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=inputs["label"], logits=logits))
+        loss = tf.identity(loss_scale * tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=inputs["label"], logits=logits)),
+            name="loss")
         global_step = tf.compat.v1.train.get_or_create_global_step()
         optimizer = OPTIMIZERS[optimizer_name]()
         if clip:
@@ -104,7 +105,10 @@ def build(model, config, batch, shard, loss_scale=1.0):
 def _train(run, graph, train_op, global_step):
     steps = []
     for _ in range(STEPS):
-        run(train_op)
+        # Nested fetches by object and by name, the loss on every worker.
+        result = run({"train": train_op, "loss": "loss:0"})
+        if not np.isfinite(result["loss"]):
+            raise ValueError(f"loss is {result['loss']}")
         steps.append(run(global_step))
     with graph.as_default():
         names = [v.op.name for v in tf.compat.v1.global_variables()]

@@ -1,0 +1,113 @@
+"""The PS and HYBRID transformations, read from the rewritten graphs of every worker of a
+2-machine x 2-worker cluster (the graphs are built in-process; nothing runs)."""
+import pytest
+import tensorflow as tf
+
+import parallax
+from conftest import load_workload
+from parallax.analysis import analyze
+from parallax.cluster import Cluster
+from parallax.passes import transform
+from parallax.plan import describe, make_plan
+
+equivalence = load_workload("equivalence")
+CLUSTER = dict(worker_machines=[0, 0, 1, 1], servers=["127.0.0.1:1", "127.0.0.2:1"],
+               workers=["127.0.0.1:2", "127.0.0.1:3", "127.0.0.2:2", "127.0.0.2:3"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    import horovod.tensorflow as hvd
+    hvd.init()  # a one-process Horovod job: HYBRID builds allreduce ops
+
+
+def _transformed(worker_id, config_name="sgd", run_option="PS", local_aggregation=True):
+    graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
+    config = parallax.Config(run_option=run_option,
+                             ps_config=parallax.PSConfig(local_aggregation=local_aggregation))
+    plan = make_plan(analyze(graph), config, Cluster(worker_id=worker_id, **CLUSTER))
+    return transform(graph, plan), plan
+
+
+def _machine(device):
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.task if spec.job == "ps" else CLUSTER["worker_machines"][spec.task]
+
+
+def _remote_sparse_sends(local_aggregation):
+    """(machine, variable) -> how many ops of all workers' graphs enqueue a sparse gradient
+    into a queue on another machine's server, i.e. cross machines each step."""
+    sends = {}
+    for worker_id in range(4):
+        graph, plan = _transformed(worker_id, local_aggregation=local_aggregation)
+        for op in graph.get_operations():
+            if op.type != "QueueEnqueueV2":
+                continue
+            queue = op.inputs[0].op
+            name = queue.get_attr("shared_name").decode()
+            if not name.startswith("parallax/grad/"):
+                continue
+            variable = name[len("parallax/grad/"):].rsplit("/", 1)[0]
+            if not plan.variables[variable].variable.is_sparse:
+                continue
+            source = _machine(op.inputs[1].op.device)
+            if source != _machine(queue.device):
+                sends[(source, variable)] = sends.get((source, variable), 0) + 1
+    return sends
+
+
+def test_local_aggregation_sends_one_sparse_gradient_per_machine():
+    with_local = _remote_sparse_sends(local_aggregation=True)
+    without = _remote_sparse_sends(local_aggregation=False)
+    # The embedding lives on one server; the other machine's two workers must reach it.
+    assert list(with_local.values()) == [1], with_local
+    assert list(without.values()) == [2], without
+    assert with_local.keys() == without.keys()
+
+
+def test_hybrid_places_dense_on_workers_and_sparse_on_servers():
+    graph, plan = _transformed(1, "adam", run_option="HYBRID")
+    devices = {op.name: op.device for op in graph.get_operations()}
+    assert devices["embedding"].startswith("/job:ps/task:")
+    assert devices["embedding/Adam"] == devices["embedding"]  # slots live with the variable
+    assert devices["embedding/ExponentialMovingAverage"] == devices["embedding"]
+    for dense in ("w1", "b1", "w2", "w1/Adam", "beta1_power", "global_step"):
+        assert devices[dense] == "/job:worker/task:1", dense
+    assert {op.type for op in graph.get_operations()} >= {"HorovodAllreduce"}
+    assert not any(op.type == "HorovodAllgather" for op in graph.get_operations())
+    text = describe(plan)
+    assert "embedding" in text and "server" in text and "every worker (replica)" in text
+
+
+def test_post_aggregation_ops_follow_their_inputs():
+    """clip_by_global_norm in HYBRID: norms of sparse gradients beside them on their server,
+    the global norm (inputs from several processes) on the first server, each clip with its
+    own gradient (paper Figure 9)."""
+    graph, plan = _transformed(0, "sgd+clip", run_option="HYBRID")
+    server = plan.cluster.server_device(plan.variables["embedding"].server)
+    ops = graph.get_operations()
+    global_norm = [op for op in ops if op.name.endswith("global_norm/global_norm")]
+    assert [op.device for op in global_norm] == [plan.cluster.server_device(0)]
+    clips = {op.name: op.device for op in ops
+             if "clip_by_global_norm" in op.name and op.name.endswith("_0")}
+    sparse_clip = [d for n, d in clips.items() if "clip_by_global_norm/clip_by_global_norm/_0" in n]
+    assert sparse_clip == [server], clips
+    norms = [op for op in ops if op.type == "L2Loss"]
+    assert {op.device for op in norms} == {server, "/job:worker/task:0"}
+
+
+def test_non_chief_never_runs_server_updates():
+    graph, plan = _transformed(2, "adam+clip", run_option="HYBRID")
+    train = graph.get_operation_by_name(
+        [op.name for op in graph.get_operations() if op.name.endswith("ExponentialMovingAverage")
+         and op.type == "NoOp"][0])
+    reachable, stack = set(), [train]
+    while stack:
+        op = stack.pop()
+        if op not in reachable:
+            reachable.add(op)
+            stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    server_writes = {graph.get_operation_by_name(name) for name in plan.server_writes}
+    assert server_writes and not server_writes & reachable
+    assert any(op.type == "QueueDequeueV2" and "step_tokens" in op.inputs[0].op.name
+               for op in reachable)
