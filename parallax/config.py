@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from runner.ssh import SSHConfig
+
 # 'MPI' is the paper's name for the AllReduce path; both spell the same mode.
 RUN_OPTIONS = {"AR": "AR", "MPI": "AR", "PS": "PS", "HYBRID": "HYBRID"}
 
@@ -37,6 +39,10 @@ class Config:
     redirect_path: a folder; when set, each process writes its output to its own log file
         there instead of streaming it to the driver's terminal.
     ps_config: options of the parameter-server path (PSConfig).
+    ssh: how to reach remote hosts (runner.ssh.SSHConfig); by default from PARALLAX_SSH_*
+        environment variables and the user's ~/.ssh/config.
+    base_port: when set, each host's server and workers use consecutive ports from it;
+        otherwise free ports are picked on each host.
     """
 
     run_option: str = "HYBRID"
@@ -45,6 +51,8 @@ class Config:
     sess_config: Optional[object] = None
     redirect_path: Optional[str] = None
     ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
+    ssh: Optional[SSHConfig] = None
+    base_port: Optional[int] = None
 
     def __post_init__(self):
         option = str(self.run_option).upper()

@@ -1,9 +1,9 @@
 """Driver side: the user's `python my_script.py` becomes the driver, which starts one worker
 process per slot re-running the same command (and, for the PS path, one parameter server per
-machine), and leaves with the job's exit status.
+machine), on this machine or over ssh, and leaves with the job's exit status.
 
 Each process learns its role and the cluster from the environment; `runner` does the process
-work.
+work. Remote hosts are assumed to have the same paths (script, interpreter, virtualenv).
 """
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from parallax.cluster import CLUSTER_ENV, SERVER_INDEX_ENV, Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from runner import GlooRendezvous, JobFailed, ProcessSpec, load_resources, run_processes
+from runner.free_ports import free_ports
 from runner.resources import Host, is_local
+from runner.ssh import HostUnreachable, SSHConfig
+from runner.ssh import free_ports as remote_free_ports
 
 ROLE_ENV = "PARALLAX_ROLE"
 
@@ -34,26 +37,25 @@ def worker_count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def _hosts(resources: str) -> List[Host]:
+def run_driver(resources: str, config: Config, run_option: str) -> NoReturn:
     hosts = load_resources(resources)
     remote = [h.name for h in hosts if not is_local(h.name)]
-    if remote:
+    if remote and len(remote) < len(hosts):
         raise ParallaxError(
-            f"hosts {remote} are not this machine, and launching over ssh is not available in "
-            "this version: use this machine's names ('localhost', 127.0.0.x)")
-    return hosts
-
-
-def run_driver(resources: str, config: Config, run_option: str) -> NoReturn:
-    hosts = _hosts(resources)
+            f"{resources}: loopback hosts cannot be mixed with remote hosts {remote}: the remote "
+            "ones could not reach them; name this machine by an address they can reach")
+    ssh = config.ssh or SSHConfig.from_env()
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     with_servers = run_option in ("PS", "HYBRID")
-    with _free_ports(len(hosts) + len(slots) if with_servers else 0) as ports:
-        cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
-        if with_servers:
-            cluster.servers = [f"{h.name}:{port}" for h, port in zip(hosts, ports)]
-            cluster.workers = [f"{host.name}:{port}"
-                               for (_, host, _), port in zip(slots, ports[len(hosts):])]
+    cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
+    if with_servers:
+        try:
+            ports = {h.name: _ports(h.name, 1 + len(h.slots), config, ssh) for h in hosts}
+        except HostUnreachable as error:
+            raise ParallaxError(str(error)) from None
+        cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts]
+        cluster.workers = [f"{host.name}:{ports[host.name][1 + host.slots.index(slot)]}"
+                           for _, host, slot in slots]
     if config.redirect_path:
         os.makedirs(config.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -62,11 +64,12 @@ def run_driver(resources: str, config: Config, run_option: str) -> NoReturn:
             per_host: Dict[str, int] = {}
             for _, host, _ in slots:
                 per_host[host.name] = per_host.get(host.name, 0) + 1
-            rendezvous = stack.enter_context(
-                GlooRendezvous(list(per_host.items()), address="127.0.0.1"))
-        specs = [_server_spec(index, cluster, config) for index in range(len(cluster.servers))]
-        specs += [_worker_spec(rank, slot, cluster, rendezvous, config)
-                  for rank, (_, _, slot) in enumerate(slots)]
+            address = _address_towards(remote[0]) if remote else "127.0.0.1"
+            rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
+        specs = [_server_spec(index, host.name, cluster, config, ssh)
+                 for index, host in enumerate(hosts) if with_servers]
+        specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, config, ssh)
+                  for rank, (_, host, slot) in enumerate(slots)]
         try:
             run_processes(specs)
         except JobFailed as failure:
@@ -75,44 +78,50 @@ def run_driver(resources: str, config: Config, run_option: str) -> NoReturn:
     sys.exit(0)
 
 
-@contextlib.contextmanager
-def _free_ports(count: int):
-    """Ports free right now, held open together so none is handed out twice."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("", 0))
-        yield [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:
+    """Ports for a host's server and workers: consecutive from config.base_port when set, else
+    free ones (asked on the host itself when it is remote)."""
+    if config.base_port:
+        return list(range(config.base_port, config.base_port + count))
+    return free_ports(count) if is_local(host) else remote_free_ports(host, count, ssh)
 
 
-def _base_env(cluster: Cluster) -> Dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    env.update({CLUSTER_ENV: cluster.to_env(), "PYTHONUNBUFFERED": "1"})
+def _address_towards(host: str) -> str:
+    """This machine's address on the route to `host`: where remote ranks find the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # UDP: picks the route, sends nothing
+        return probe.getsockname()[0]
+
+
+def _job_env(cluster: Cluster, role_name: str) -> Dict[str, str]:
+    env = {CLUSTER_ENV: cluster.to_env(), ROLE_ENV: role_name, "PYTHONUNBUFFERED": "1"}
+    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+        env["TF_CPP_MIN_LOG_LEVEL"] = "1"
     return env
 
 
-def _log_file(config: Config, name: str):
-    return os.path.join(config.redirect_path, f"{name}.log") if config.redirect_path else None
+def _spec(name, host, argv, env, config, ssh, service=False) -> ProcessSpec:
+    log_file = (os.path.join(config.redirect_path, name.replace(":", "_") + ".log")
+                if config.redirect_path else None)
+    return ProcessSpec(name=name, argv=argv, env=env, cwd=os.getcwd(), log_file=log_file,
+                       host=None if is_local(host) else host, ssh=ssh, service=service)
 
 
-def _server_spec(index: int, cluster: Cluster, config: Config) -> ProcessSpec:
-    env = _base_env(cluster)
-    env.update({ROLE_ENV: "server", SERVER_INDEX_ENV: str(index), "CUDA_VISIBLE_DEVICES": ""})
-    return ProcessSpec(name=f"server {index}", argv=[sys.executable, "-m", "parallax.server"],
-                       env=env, cwd=os.getcwd(), log_file=_log_file(config, f"server_{index}"),
-                       service=True)
+def _server_spec(index: int, host: str, cluster: Cluster, config: Config, ssh) -> ProcessSpec:
+    env = _job_env(cluster, "server")
+    env.update({SERVER_INDEX_ENV: str(index), "CUDA_VISIBLE_DEVICES": ""})
+    return _spec(f"{host}:server:{index}", host, [sys.executable, "-m", "parallax.server"],
+                 env, config, ssh, service=True)
 
 
-def _worker_spec(rank: int, slot: int, cluster: Cluster, rendezvous, config: Config):
-    env = _base_env(Cluster(cluster.worker_machines, cluster.servers, cluster.workers, rank))
+def _worker_spec(rank, host, slot, cluster, rendezvous, config, ssh) -> ProcessSpec:
+    env = _job_env(Cluster(cluster.worker_machines, cluster.servers, cluster.workers, rank),
+                   "worker")
     if rendezvous is not None:
-        env.update(rendezvous.env_for_rank(rank))
-    env.update({ROLE_ENV: "worker", "CUDA_VISIBLE_DEVICES": str(slot)})
+        # Loopback 'machines' share this machine's 'lo'; a remote rank's gloo resolves its own
+        # host name to find its address.
+        env.update(rendezvous.env_for_rank(rank, gloo_iface="lo" if is_local(host) else None))
+    env["CUDA_VISIBLE_DEVICES"] = str(slot)
     # orig_argv keeps interpreter options and '-m module', so the worker runs what the user ran.
-    argv = [sys.executable] + sys.orig_argv[1:]
-    return ProcessSpec(name=f"worker {rank}", argv=argv, env=env, cwd=os.getcwd(),
-                       log_file=_log_file(config, f"worker_{rank}"))
+    return _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,
+                 config, ssh)

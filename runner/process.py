@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from runner.ssh import SSHConfig, forwarded_env
+
 GRACE_SECONDS = 4.0
 # After a failure, how long other processes may take to fail on their own before they are
 # stopped. A process that raised can exit after the peers its failure brought down (its
@@ -32,8 +34,10 @@ _PR_SET_PDEATHSIG = 1
 class ProcessSpec:
     name: str  # shown as the '[name]' prefix of every output line and in errors
     argv: List[str]
-    env: Dict[str, str]
+    env: Dict[str, str]  # set on top of the driver's environment (what ssh forwards, remotely)
     cwd: Optional[str] = None
+    host: Optional[str] = None  # a remote host to run on through ssh; None: this machine
+    ssh: Optional[SSHConfig] = None
     log_file: Optional[str] = None  # output goes here instead of the driver's stdout
     service: bool = False  # serves the others (a parameter server): the job does not wait for
     # it to finish, stops it at the end, and fails if it exits before then
@@ -57,8 +61,14 @@ class _Process:
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self._lock = output_lock
         log = open(spec.log_file, "ab") if spec.log_file else None
+        if spec.host is None:
+            argv, env, cwd, stdin = spec.argv, dict(os.environ, **spec.env), spec.cwd, None
+        else:
+            # The remote side stops when this pipe closes, i.e. when ssh goes away.
+            argv = spec.ssh.command(spec.host, spec.argv, forwarded_env(spec.env), spec.cwd)
+            env, cwd, stdin = None, None, subprocess.PIPE
         self.popen = subprocess.Popen(
-            spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+            argv, env=env, cwd=cwd, stdin=stdin or subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent)
         self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
@@ -140,6 +150,8 @@ def _failure_message(failures) -> str:
                   else f"exited with status {code}")
         if process.spec.service:
             status += " while the job was running"
+        if process.spec.host is not None and code == 255:
+            status += f" (ssh could not reach or lost {process.spec.host})"
         statuses.append(f"{process.spec.name} {status}")
         tail = "\n".join(f"    {line}" for line in process.tail) or "    (no output)"
         tails.append(f"Last lines of {process.spec.name}:\n{tail}")

@@ -2,27 +2,32 @@
 and the environment each rank needs to find it."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-import psutil
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
-from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
 
 class GlooRendezvous:
-    """Serves the rank layout of `hosts` (name and number of ranks, in rank order)."""
+    """Serves the rank layout of `hosts` (name and number of ranks, in rank order); ranks reach
+    it at `address`, an address of this machine they can route to."""
 
     def __init__(self, hosts: Sequence[Tuple[str, int]], address: str, verbose: int = 0):
         self.slots: List[SlotInfo] = get_host_assignments(
             [HostInfo(name, count) for name, count in hosts], sum(c for _, c in hosts))
+        self.address = address
         self._server = RendezvousServer(verbose)
         self.port = self._server.start()
         self._server.init(self.slots)
-        self._run_env = create_run_env_vars(address, [interface_of(address)], self.port)
 
-    def env_for_rank(self, rank: int) -> Dict[str, str]:
-        env = {key: str(value) for key, value in self._run_env.items()}
+    def env_for_rank(self, rank: int, gloo_iface: Optional[str] = None) -> Dict[str, str]:
+        """Without `gloo_iface`, gloo finds the rank's address by resolving its host's name."""
+        env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
+               "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port),
+               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+        if gloo_iface:
+            env["HOROVOD_GLOO_IFACE"] = gloo_iface
         env.update(create_slot_env_vars(self.slots[rank]))
         return env
 
@@ -34,13 +39,3 @@ class GlooRendezvous:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def interface_of(address: str) -> str:
-    """The network interface holding `address` (gloo binds to an interface by name)."""
-    if address.startswith("127."):
-        return "lo"
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            return name
-    raise ValueError(f"no network interface of this machine has the address {address}")

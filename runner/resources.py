@@ -18,7 +18,8 @@ import shutil
 import subprocess
 from typing import List, Optional, Tuple
 
-_HOST_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
+# Starts with a letter, digit or '[' (IPv6): a name can never be taken for an ssh option.
+_HOST_NAME = re.compile(r"^[A-Za-z0-9\[][A-Za-z0-9_.\-\[\]:]*$")
 _HOROVOD_SLOTS = re.compile(r"^(\S+)\s+slots\s*=\s*(\S+)$")
 
 

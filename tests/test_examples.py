@@ -12,8 +12,8 @@ from conftest import REPO, run_job
 def test_example_trains_on_localhost(example, steps):
     result = run_job(os.path.join(REPO, "examples", example), "cluster_specs/localhost", str(steps))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    losses = [float(v) for v in re.findall(r"^\[worker 0\] step +\d+ +loss ([\d.]+)",
+    losses = [float(v) for v in re.findall(r"^\[localhost:worker:0\] step +\d+ +loss ([\d.]+)",
                                            result.stdout, re.M)]
     assert len(losses) >= 3, result.stdout[-3000:]
     assert losses[-1] < 0.7 * losses[0], f"loss did not fall: {losses}"
-    assert "[worker 1]" in result.stdout
+    assert "[localhost:worker:1]" in result.stdout

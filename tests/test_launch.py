@@ -51,7 +51,8 @@ def test_workers_run_with_prefixed_output():
     driver, token = _start("ok")
     code, output = _finish(driver)
     assert code == 0, output
-    assert "[worker 0] worker 0 ready" in output and "[worker 1] worker 1 done" in output
+    assert "[localhost:worker:0] worker 0 ready" in output
+    assert "[localhost:worker:1] worker 1 done" in output
     _assert_nothing_left(token)
 
 
@@ -59,8 +60,8 @@ def test_failed_worker_stops_the_job():
     driver, token = _start("fail-worker-1")
     code, output = _finish(driver)
     assert code == 1, output
-    assert "worker 1 exited with status 1" in output
-    tail_of_worker_1 = output.split("Last lines of worker 1:")[1].split("Last lines of")[0]
+    assert "localhost:worker:1 exited with status 1" in output
+    tail_of_worker_1 = output.split("Last lines of localhost:worker:1:")[1].split("Last lines")[0]
     assert "RuntimeError: boom from worker 1" in tail_of_worker_1
     _assert_nothing_left(token)
 
@@ -95,9 +96,9 @@ def test_redirect_path_writes_one_log_per_worker(tmp_path):
     driver, token = _start("ok", "localhost:0,1", str(tmp_path))
     code, output = _finish(driver)
     assert code == 0, output
-    assert "[worker" not in output
+    assert "[localhost:worker" not in output
     for worker in (0, 1):
-        log = (tmp_path / f"worker_{worker}.log").read_text()
+        log = (tmp_path / f"localhost_worker_{worker}.log").read_text()
         assert f"worker {worker} done" in log
 
 

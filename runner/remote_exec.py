@@ -1,0 +1,40 @@
+"""`python -m runner.remote_exec ARGV...`: run ARGV on a remote host for the driver, and stop
+it, with everything it started, when the ssh connection ends (stdin closes), or on SIGTERM,
+SIGHUP or SIGINT. ssh alone would leave the remote process running when the driver goes away."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+GRACE_SECONDS = 3.0
+
+
+def main():
+    child = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)
+    stopping = threading.Event()
+
+    def stop(*_):
+        if stopping.is_set():
+            return
+        stopping.set()
+        _signal_group(child.pid, signal.SIGTERM)
+        threading.Timer(GRACE_SECONDS, _signal_group, (child.pid, signal.SIGKILL)).start()
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, stop)
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), stop()), daemon=True).start()
+    code = child.wait()
+    _signal_group(child.pid, signal.SIGKILL)  # whatever it started and left behind
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def _signal_group(pid, signum):
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# An emulated cluster on one Linux machine (root): N hosts, each a network namespace with its own
+# address, hostname and sshd (key authentication only), joined by a bridge; optional per-host
+# bandwidth and latency with tc. For Parallax's multi-machine tests and benchmarks.
+#
+#   scripts/emulated_cluster.sh up N [--rate 100mbit] [--delay 1ms]   # prints the state folder
+#   scripts/emulated_cluster.sh down                                  # removes all of it; safe twice
+#
+# Host i (1..N) is namespace pxh$i, hostname h$i, address 10.213.0.$((i+1)); the root namespace
+# is 10.213.0.1 on bridge pxbr0, so a driver can run here. The state folder
+# (${PARALLAX_CLUSTER_DIR:-/tmp/parallax-cluster}) holds the keys, an ssh_config for
+# `ssh -F`, a resource file `resources` (2 slots a host) and `hosts` (name address lines).
+set -euo pipefail
+
+state="${PARALLAX_CLUSTER_DIR:-/tmp/parallax-cluster}"
+bridge=pxbr0
+subnet=10.213.0
+
+usage() { sed -n '2,14p' "$0" >&2; exit 2; }
+
+down() {
+    if [ -d "$state" ]; then
+        for pidfile in "$state"/sshd-*.pid; do
+            [ -e "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+        done
+    fi
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^pxh[0-9]*$' || true); do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns delete "$ns"
+        rm -rf "/etc/netns/$ns"
+    done
+    ip link delete "$bridge" 2>/dev/null || true
+    rm -rf "$state"
+}
+
+need_sshd() {
+    [ -x /usr/sbin/sshd ] && return
+    echo "emulated_cluster: installing openssh-server" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null
+    # The package starts nothing here (no init system); the hosts run their own sshd.
+}
+
+up() {
+    local count=$1; shift
+    local rate="" delay=""
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --rate) rate=$2; shift 2 ;;
+            --delay) delay=$2; shift 2 ;;
+            *) usage ;;
+        esac
+    done
+    [[ "$count" =~ ^[1-9][0-9]?$ ]] || { echo "emulated_cluster: N must be 1..99" >&2; exit 2; }
+    [ "$(id -u)" = 0 ] || { echo "emulated_cluster: needs root (network namespaces)" >&2; exit 1; }
+    need_sshd
+    down
+    mkdir -p "$state" /run/sshd
+    chmod 700 "$state"
+    ssh-keygen -q -t ed25519 -N "" -f "$state/id_ed25519"
+    ssh-keygen -q -t ed25519 -N "" -f "$state/host_key"
+    cp "$state/id_ed25519.pub" "$state/authorized_keys"
+
+    ip link add "$bridge" type bridge
+    ip addr add "$subnet.1/24" dev "$bridge"
+    ip link set "$bridge" up
+
+    : > "$state/hosts"
+    : > "$state/resources"
+    for i in $(seq 1 "$count"); do
+        echo "h$i $subnet.$((i + 1))" >> "$state/hosts"
+        echo "$subnet.$((i + 1)): 0,1" >> "$state/resources"
+    done
+    for i in $(seq 1 "$count"); do
+        local ns=pxh$i address=$subnet.$((i + 1))
+        ip netns add "$ns"
+        ip link add "pxv$i" type veth peer name "pxe$i"
+        ip link set "pxv$i" master "$bridge" up
+        ip link set "pxe$i" netns "$ns"
+        ip -n "$ns" link set "pxe$i" name eth0
+        ip -n "$ns" addr add "$address/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" link set lo up
+        if [ -n "$rate" ] || [ -n "$delay" ]; then
+            # Shape what the host sends, on its own interface, and what it receives, on the
+            # bridge port: the host's link is limited both ways.
+            local netem="netem ${delay:+delay $delay} ${rate:+rate $rate}"
+            ip netns exec "$ns" tc qdisc add dev eth0 root $netem
+            tc qdisc add dev "pxv$i" root $netem
+        fi
+        # gloo finds a host's address by resolving its hostname: each host has its own name and
+        # a hosts file (ip netns exec bind-mounts /etc/netns/NS/hosts) that knows every host.
+        mkdir -p "/etc/netns/$ns"
+        { echo "127.0.0.1 localhost"; echo "$subnet.1 driver";
+          awk '{print $2, $1}' "$state/hosts"; } > "/etc/netns/$ns/hosts"
+        cat > "$state/sshd-$i.conf" <<CONF
+ListenAddress $address
+HostKey $state/host_key
+AuthorizedKeysFile $state/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+PidFile $state/sshd-$i.pid
+UsePAM no
+StrictModes no
+AcceptEnv *
+CONF
+        ip netns exec "$ns" unshare --uts sh -c "hostname h$i; exec /usr/sbin/sshd -f '$state/sshd-$i.conf'"
+    done
+    cat > "$state/ssh_config" <<CONF
+Host $subnet.* h*
+    User root
+    IdentityFile $state/id_ed25519
+    IdentitiesOnly yes
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    LogLevel ERROR
+CONF
+    for i in $(seq 1 "$count"); do
+        local tries=0
+        until ssh -F "$state/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 \
+                "$subnet.$((i + 1))" true 2>/dev/null; do
+            tries=$((tries + 1))
+            [ $tries -lt 50 ] || { echo "emulated_cluster: sshd of h$i does not answer" >&2; exit 1; }
+            sleep 0.1
+        done
+    done
+    echo "$state"
+}
+
+case "${1:-}" in
+    up) [ $# -ge 2 ] || usage; shift; up "$@" ;;
+    down) down ;;
+    *) usage ;;
+esac
