@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from parallax import launch
 from parallax.analysis import analyze
+from parallax.checkpoint import Checkpointer
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
@@ -62,11 +63,13 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
         sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
         target = _worker_server(cluster, sess_config).target
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
-    _initialize(session, graph, cluster)
+    checkpointer = Checkpointer(graph, config.ckpt_config, cluster.is_chief)
+    _initialize(session, graph, cluster, checkpointer)
     description = describe(plan)
     if cluster.is_chief:
         log.warning("%s", description)
-    return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description)
+    return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description,
+                          checkpointer)
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,20 +88,25 @@ def _worker_server(cluster, sess_config):
                               sess_config.SerializeToString())
 
 
-def _initialize(session, graph, cluster) -> None:
-    """Every worker initializes its own replicas; the chief initializes what lives on servers
-    while the others wait for it; then replicas take worker 0's values."""
+def _initialize(session, graph, cluster, checkpointer) -> None:
+    """Every worker initializes its own replicas; the chief initializes what lives on servers,
+    or restores it and its replicas from the latest checkpoint, while the others wait for it;
+    then replicas take worker 0's values."""
     with graph.as_default():
-        variables = (tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-                     + graph.get_collection(SERVER_STATE_COLLECTION))
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         on_servers = [v for v in variables if v.op.device.startswith("/job:ps")]
         replicas = [v for v in variables if not v.op.device.startswith("/job:ps")]
+        # The chief initializes the runner's own server state (mirrors) last: once it is
+        # there, the others know the model's variables are ready.
+        ready_signal = graph.get_collection(SERVER_STATE_COLLECTION)
         session.run([tf.compat.v1.variables_initializer(replicas),
                      tf.compat.v1.tables_initializer()])
-        if on_servers and cluster.is_chief:
+        if cluster.is_chief:
             session.run(tf.compat.v1.variables_initializer(on_servers))
-        elif on_servers:
-            uninitialized = tf.compat.v1.report_uninitialized_variables(on_servers)
+            checkpointer.restore(session)
+            session.run(tf.compat.v1.variables_initializer(ready_signal))
+        elif on_servers or ready_signal:
+            uninitialized = tf.compat.v1.report_uninitialized_variables(on_servers + ready_signal)
             while len(session.run(uninitialized)):
                 time.sleep(0.2)
     session.run(graph.get_collection(BROADCAST_COLLECTION))

@@ -22,6 +22,18 @@ class PSConfig:
 
 
 @dataclasses.dataclass
+class CheckpointConfig:
+    """Checkpoints written by the chief: every variable (replicated ones and those on servers,
+    with optimizer slots and global_step). A job started again with the same ckpt_dir resumes
+    from the latest one. Saves every save_ckpt_steps global steps and/or save_ckpt_secs seconds,
+    and when the runner is closed."""
+
+    ckpt_dir: Optional[str] = None
+    save_ckpt_steps: Optional[int] = None
+    save_ckpt_secs: Optional[float] = None
+
+
+@dataclasses.dataclass
 class Config:
     """How a job is distributed and run.
 
@@ -43,6 +55,7 @@ class Config:
         environment variables and the user's ~/.ssh/config.
     base_port: when set, each host's server and workers use consecutive ports from it;
         otherwise free ports are picked on each host.
+    ckpt_config: checkpoints (CheckpointConfig).
     """
 
     run_option: str = "HYBRID"
@@ -53,6 +66,7 @@ class Config:
     ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
     ssh: Optional[SSHConfig] = None
     base_port: Optional[int] = None
+    ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
 
     def __post_init__(self):
         option = str(self.run_option).upper()

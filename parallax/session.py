@@ -15,8 +15,9 @@ class ParallaxRunner:
     """What `parallax.get_runner` returns in each worker process."""
 
     def __init__(self, graph: tf.Graph, session: tf.compat.v1.Session, num_workers: int,
-                 worker_id: int, description: str):
+                 worker_id: int, description: str, checkpointer=None):
         self.graph = graph
+        self._checkpointer = checkpointer
         self.session = session
         self.num_workers = num_workers
         self.worker_id = worker_id
@@ -39,10 +40,16 @@ class ParallaxRunner:
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         feeds = None if feed_dict is None else {
             self._element(key, "feed key"): value for key, value in feed_dict.items()}
-        return self.session.run(mapped, feed_dict=feeds, options=options,
-                                run_metadata=run_metadata)
+        result = self.session.run(mapped, feed_dict=feeds, options=options,
+                                  run_metadata=run_metadata)
+        if self._checkpointer is not None:
+            self._checkpointer.after_run(self.session)
+        return result
 
     def close(self) -> None:
+        """Save a last checkpoint (when configured) and close the session."""
+        if self._checkpointer is not None:
+            self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
         self.session.close()
 
     def __enter__(self):

@@ -146,6 +146,8 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
 def _failure_message(failures) -> str:
     statuses, tails = [], []
     for process, code in failures:
+        if process.spec.host is not None and 128 < code < 128 + signal.NSIG:
+            code = 128 - code  # runner.remote_exec reports a signal as the shells do
         status = (f"was killed by {signal.Signals(-code).name}" if code < 0
                   else f"exited with status {code}")
         if process.spec.service:

@@ -71,7 +71,7 @@ def test_hybrid_places_dense_on_workers_and_sparse_on_servers():
     assert devices["embedding"].startswith("/job:ps/task:")
     assert devices["embedding/Adam"] == devices["embedding"]  # slots live with the variable
     assert devices["embedding/ExponentialMovingAverage"] == devices["embedding"]
-    for dense in ("w1", "b1", "w2", "w1/Adam", "beta1_power", "global_step"):
+    for dense in ("w1", "hidden_bias", "w2", "w1/Adam", "beta1_power", "global_step"):
         assert devices[dense] == "/job:worker/task:1", dense
     assert {op.type for op in graph.get_operations()} >= {"HorovodAllreduce"}
     assert not any(op.type == "HorovodAllgather" for op in graph.get_operations())

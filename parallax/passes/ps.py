@@ -21,18 +21,32 @@ PUSH_COLLECTION = "parallax_push"  # this worker's gradient pushes (ops)
 MIRROR_ASSIGN_COLLECTION = "parallax_mirror_assign"  # the chief's mirror writes (ops)
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
+_VARIABLE_OPS = ("VarHandleOp", "VariableV2")
 
 
 def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Each server-resident variable, and every op that touches its handle or is colocated
-    with it (reads, gathers, updates, initializer, slots), goes to its server."""
+    with it (reads, gathers, updates, initializer, slots), goes to its server. A replicated
+    variable TF colocated with one on a server (Adam's beta powers go with the first variable)
+    stays with the replica, and so do the ops that touch it."""
     for op in graph.get_operations():
-        names = [g.decode()[len("loc:@"):] for g in op.colocation_groups()]
-        names += [t.op.name for t in op.inputs if t.op.type in ("VarHandleOp", "VariableV2")]
+        touched = [t.op.name for t in op.inputs if t.op.type in _VARIABLE_OPS]
+        if op.type in _VARIABLE_OPS:
+            touched.append(op.name)
+        groups = [g.decode()[len("loc:@"):] for g in op.colocation_groups()]
+        names = touched or groups
         servers = {plan.server_of(name) for name in names} - {None}
         if servers:
             op._set_device(plan.cluster.server_device(min(servers)))  # pylint: disable=protected-access
+        elif any(plan.server_of(name) is not None for name in groups):
+            _colocate_with_itself(op)
     return graph
+
+
+def _colocate_with_itself(op) -> None:
+    own = tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(s=[
+        f"loc:@{op.name}".encode()]))
+    op._set_attr("_class", own)  # pylint: disable=protected-access
 
 
 def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:

@@ -79,8 +79,10 @@ def build(model, config, batch, shard, loss_scale=1.0):
             width = features.shape[1]
             w1 = tf.compat.v1.get_variable(
                 "w1", [width, HIDDEN], initializer=_initial([width, HIDDEN], 2))
+            # Named to sort after 'embedding': TF colocates Adam's beta powers with the first
+            # variable by name, and this way that is the sparse one.
             b1 = tf.compat.v1.get_variable(
-                "b1", [HIDDEN], initializer=tf.compat.v1.zeros_initializer())
+                "hidden_bias", [HIDDEN], initializer=tf.compat.v1.zeros_initializer())
             w2 = tf.compat.v1.get_variable(
                 "w2", [HIDDEN, CLASSES], initializer=_initial([HIDDEN, CLASSES], 3))
             logits = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2)

@@ -1,6 +1,6 @@
 """A small Parallax job whose workers misbehave on request, for the supervision tests.
 
-    python supervised.py MODE [resources] [redirect_path]
+    python supervised.py MODE [resources] [redirect_path] [sparse]
     MODE: ok | fail-worker-1 | hang | bad-fetch
 """
 import sys
@@ -12,13 +12,17 @@ import parallax
 
 mode = sys.argv[1]
 resources = sys.argv[2] if len(sys.argv) > 2 else "localhost:0,1"
-redirect_path = sys.argv[3] if len(sys.argv) > 3 else None
+redirect_path = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
+with_sparse = len(sys.argv) > 4 and sys.argv[4] == "sparse"  # HYBRID: starts servers too
 
 tf.compat.v1.disable_eager_execution()
 graph = tf.Graph()
 with graph.as_default():
     w = tf.compat.v1.get_variable("w", [4], initializer=tf.compat.v1.ones_initializer())
     loss = tf.reduce_sum(tf.square(w))
+    if with_sparse:
+        embedding = tf.compat.v1.get_variable("embedding", [10, 4])
+        loss += tf.reduce_sum(tf.nn.embedding_lookup(embedding, [1, 2]) * w)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
 
 runner = parallax.get_runner(graph, resources, parallax.Config(redirect_path=redirect_path))

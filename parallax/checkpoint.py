@@ -1,0 +1,67 @@
+"""Checkpoints: the chief saves every variable of the job — replicas (its own copy) and those on
+servers — between its steps, when no update is under way, and restores them when a job starts
+again with the same ckpt_dir."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+from parallax.config import CheckpointConfig
+
+log = logging.getLogger("parallax")
+
+
+class Checkpointer:
+    def __init__(self, graph: tf.Graph, config: CheckpointConfig, is_chief: bool):
+        self._config = config
+        self._active = bool(config.ckpt_dir) and is_chief
+        with graph.as_default():
+            # The saver sees the variables under their original names (the containers the
+            # runner uses on servers are not part of them), so a new job finds them again.
+            self._saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(),
+                                                   max_to_keep=3)
+            self._global_step = tf.compat.v1.train.get_global_step()
+        self._last_step: Optional[int] = None
+        self._last_time = time.monotonic()
+
+    def restore(self, session) -> bool:
+        """Load the latest checkpoint, if any; True when one was loaded."""
+        latest = (tf.train.latest_checkpoint(self._config.ckpt_dir)
+                  if self._config.ckpt_dir else None)
+        if latest is None:
+            return False
+        self._saver.restore(session, latest)
+        self._last_step = self._step(session)
+        log.warning("parallax: resumed from checkpoint %s", latest)
+        return True
+
+    def after_run(self, session) -> None:
+        """Save when the configured number of steps or seconds has passed (chief only)."""
+        if not self._active:
+            return
+        step = self._step(session)
+        by_steps = (self._config.save_ckpt_steps and step is not None and step != self._last_step
+                    and step % self._config.save_ckpt_steps == 0)
+        by_time = (self._config.save_ckpt_secs
+                   and time.monotonic() - self._last_time >= self._config.save_ckpt_secs)
+        if by_steps or by_time:
+            self.save(session, step)
+
+    def save(self, session, step=None) -> None:
+        if not self._active or (step is not None and step == self._last_step):
+            return
+        os.makedirs(self._config.ckpt_dir, exist_ok=True)
+        # Saver writes the data under temporary names and renames them, then updates the
+        # 'checkpoint' index: a job killed mid-save still finds the previous checkpoint.
+        self._saver.save(session, os.path.join(self._config.ckpt_dir, "model"), global_step=step)
+        self._last_step, self._last_time = step, time.monotonic()
+
+    def current_step(self, session) -> Optional[int]:
+        return self._step(session) if self._active else None
+
+    def _step(self, session) -> Optional[int]:
+        return None if self._global_step is None else int(session.run(self._global_step))
