@@ -174,8 +174,12 @@ def test_job_resumes_from_checkpoint_as_if_never_stopped(cluster, tmp_path):
         assert time.monotonic() < deadline and driver.poll() is None, "no checkpoint at step 8"
         time.sleep(0.1)
     driver.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
     driver.communicate(timeout=60)
+    assert time.monotonic() - stopped < 10
     assert driver.returncode != 0 and not (tmp_path / "b.npz").exists()
+    assert _processes(token) == []
+    _assert_hosts_idle()
 
     resumed = run_job(script, RESOURCES, "HYBRID", str(ckpt), str(tmp_path / "b.npz"),
                       str(total), env=cluster, timeout=300)

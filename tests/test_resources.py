@@ -40,3 +40,16 @@ def test_missing_file_and_empty_spec():
         load_resources("/no/such/file")
     with pytest.raises(ResourceError, match="resources must be"):
         load_resources("")
+
+
+def test_shipped_cluster_specs_parse():
+    import os
+    from conftest import REPO
+    folder = os.path.join(REPO, "cluster_specs")
+    for name in os.listdir(folder):
+        assert load_resources(os.path.join(folder, name)), name
+
+
+def test_host_names_cannot_pass_for_ssh_options():
+    with pytest.raises(ResourceError, match="is not a host name"):
+        load_resources("-oProxyCommand=evil: 0")
