@@ -18,7 +18,7 @@ from parallax.config import Config
 from parallax.errors import ParallaxError
 from runner import GlooRendezvous, JobFailed, ProcessSpec, load_resources, run_processes
 from runner.free_ports import free_ports
-from runner.resources import Host, is_local
+from runner.resources import is_local
 from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
 
