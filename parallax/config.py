@@ -16,9 +16,12 @@ class PSConfig:
 
     local_aggregation: sum the sparse gradients of the workers of one machine on that machine,
         so one gradient per variable per machine crosses to the owning server, not one per worker.
+    boundary_between_workers_and_servers: move light ops (slice, gather, cast, reshape...) at
+        the edge between a server and a worker to the side where fewer bytes cross machines.
     """
 
     local_aggregation: bool = True
+    boundary_between_workers_and_servers: bool = True
 
 
 @dataclasses.dataclass

@@ -33,6 +33,7 @@ class Plan:
     extra_state_servers: Dict[str, int]  # extra state living on a server: its server
     server_writes: List[str]  # ops updating server-resident state: once per step, by the chief
     local_aggregation: bool
+    boundary: bool = True  # move light ops across the server/worker boundary when it pays
     run_index: int = 0  # which get_runner call of the process this plan is for
 
     @property
@@ -77,7 +78,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     server_writes += [op for name in extra_state_servers
                       for op in analysis.extra_state[name].update_ops]
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                config.ps_config.local_aggregation, run_index)
+                config.ps_config.local_aggregation,
+                config.ps_config.boundary_between_workers_and_servers, run_index)
 
 
 def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:

@@ -111,3 +111,50 @@ def test_non_chief_never_runs_server_updates():
     assert server_writes and not server_writes & reachable
     assert any(op.type == "QueueDequeueV2" and "step_tokens" in op.inputs[0].op.name
                for op in reachable)
+
+
+def _boundary_graph(worker_id, boundary):
+    """PS mode; the table lives on server 0 (machine 0) and the forward pass uses only a slice
+    of it, in half precision."""
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf.compat.v1.get_variable("table", [1000, 16])
+        part = tf.cast(tf.slice(table, [0, 0], [10, 16]), tf.float16)
+        loss = tf.reduce_sum(tf.cast(part, tf.float32) ** 2)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    config = parallax.Config(run_option="PS", ps_config=parallax.PSConfig(
+        boundary_between_workers_and_servers=boundary))
+    plan = make_plan(analyze(graph), config, Cluster(worker_id=worker_id, **CLUSTER))
+    return transform(graph, plan), plan
+
+
+def _bytes_between_machines(graph, plan):
+    from parallax.passes.boundary import machine_of, tensor_bytes
+    total = 0
+    for op in graph.get_operations():
+        for tensor in op.inputs:
+            if machine_of(tensor.op.device, plan) != machine_of(op.device, plan):
+                total += tensor_bytes(tensor) or 0
+    return total
+
+
+def test_boundary_ops_move_to_the_server_when_fewer_bytes_cross():
+    before, plan = _boundary_graph(worker_id=2, boundary=False)
+    after, _ = _boundary_graph(worker_id=2, boundary=True)
+    server = plan.cluster.server_device(plan.variables["table"].server)
+    moved = {op.name: op.device for op in after.get_operations() if op.type in ("Slice", "Cast")
+             and op.name in ("Slice", "Cast")}
+    assert moved == {"Slice": server, "Cast": server}
+    assert before.get_operation_by_name("Slice").device == "/job:worker/task:2"
+    # The forward read: 1000x16 float32 crossed before; a 10x16 float16 slice (and the
+    # slice's few bytes of begin/size constants) after.
+    saved = _bytes_between_machines(before, plan) - _bytes_between_machines(after, plan)
+    assert 1000 * 16 * 4 - 10 * 16 * 2 - 64 <= saved <= 1000 * 16 * 4
+    # A gather of gradients on the worker would grow what is sent: nothing heavy moves.
+    assert {op.type for op in after.get_operations()
+            if op.device == server and op.type in ("MatMul", "Conv2D")} == set()
+
+
+def test_boundary_leaves_ops_on_the_servers_machine_alone():
+    graph, plan = _boundary_graph(worker_id=0, boundary=True)  # worker 0 shares machine 0
+    assert graph.get_operation_by_name("Slice").device == "/job:worker/task:0"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax.passes.allreduce import allreduce_gradients, broadcast_initial_values
+from parallax.passes.boundary import place_boundary_ops
 from parallax.passes.placement import place_post_aggregation_ops
 from parallax.passes.ps import aggregate_on_servers, place_variables_on_servers
 from parallax.passes.replicate import pin_to_worker, separate_runner_state
@@ -15,7 +16,7 @@ from parallax.plan import Plan
 
 _ALLREDUCE = (allreduce_gradients, broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
-       place_post_aggregation_ops, synchronize_steps, separate_runner_state)
+       place_post_aggregation_ops, place_boundary_ops, synchronize_steps, separate_runner_state)
 _PIPELINES = {
     "AR": _ALLREDUCE,
     "PS": _PS,
