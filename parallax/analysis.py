@@ -12,14 +12,13 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from parallax.capture import GradientRecord, read_records
+from parallax.capture import VARIABLE_OP_TYPES, GradientRecord, read_records
 from parallax.errors import ParallaxError
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
 # assignments and scatters write their first input.
 _FUSED_UPDATE_PREFIXES = ("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")
 _ASSIGN_PREFIXES = ("Assign", "ResourceScatter", "Scatter")
-_VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
 
 
 @dataclasses.dataclass
@@ -123,7 +122,7 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
     op = tensor.op
     while op.type == "Identity" and op.inputs:
         op = op.inputs[0].op
-    return op.name if op.type in _VARIABLE_OP_TYPES else None
+    return op.name if op.type in VARIABLE_OP_TYPES else None
 
 
 def _training_step_ops(graph: tf.Graph, gradients: List[tf.Tensor], writes) -> set:
@@ -168,7 +167,7 @@ def _variables_read(graph: tf.Graph, op_names: List[str], stop: set) -> set:
         if op in seen or op in stop:
             continue
         seen.add(op)
-        if op.type in _VARIABLE_OP_TYPES:
+        if op.type in VARIABLE_OP_TYPES:
             found.add(op.name)
             continue
         frontier.extend(t.op for t in op.inputs)

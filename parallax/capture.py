@@ -22,7 +22,8 @@ from tensorflow.python.ops import resource_variable_ops
 
 GRADIENTS_COLLECTION = "parallax_gradients"
 
-_VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
+# The ops that are variables, resource (VarHandleOp) or reference (VariableV2, Variable).
+VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ def _variable_op_name(x) -> Optional[str]:
     if resource_variable_ops.is_resource_variable(x) or isinstance(x, tf.Variable):
         return x.op.name
     op = getattr(x, "op", None)
-    if op is not None and op.type in _VARIABLE_OP_TYPES:
+    if op is not None and op.type in VARIABLE_OP_TYPES:
         return op.name
     return None
 

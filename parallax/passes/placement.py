@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from parallax.capture import VARIABLE_OP_TYPES
 from parallax.passes.rewire import read_aggregated
 from parallax.plan import Plan
 
-_VARIABLE_OPS = ("VarHandleOp", "VariableV2")
 
 
 def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
@@ -25,7 +25,7 @@ def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
     region = _between(starts, updates)
     shared = set()
     for op in _topological(region):
-        if any(t.op.type in _VARIABLE_OPS for t in op.inputs):
+        if any(t.op.type in VARIABLE_OP_TYPES for t in op.inputs):
             continue  # reads and writes of a variable stay with it
         producers = [t.op for t in op.inputs if t.op in region or t.op in starts]
         local = {_process(p) for p in producers if p not in shared}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax.capture import GradientRecord
+from parallax.capture import VARIABLE_OP_TYPES, GradientRecord
 from parallax.passes import local_aggregation
 from parallax.passes.queues import concat_slices, shared_queue
 from parallax.passes.rewire import record_aggregated, reroute
@@ -21,7 +21,6 @@ PUSH_COLLECTION = "parallax_push"  # this worker's gradient pushes (ops)
 MIRROR_ASSIGN_COLLECTION = "parallax_mirror_assign"  # the chief's mirror writes (ops)
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
-_VARIABLE_OPS = ("VarHandleOp", "VariableV2")
 
 
 def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
@@ -30,8 +29,8 @@ def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     variable TF colocated with one on a server (Adam's beta powers go with the first variable)
     stays with the replica, and so do the ops that touch it."""
     for op in graph.get_operations():
-        touched = [t.op.name for t in op.inputs if t.op.type in _VARIABLE_OPS]
-        if op.type in _VARIABLE_OPS:
+        touched = [t.op.name for t in op.inputs if t.op.type in VARIABLE_OP_TYPES]
+        if op.type in VARIABLE_OP_TYPES:
             touched.append(op.name)
         groups = [g.decode()[len("loc:@"):] for g in op.colocation_groups()]
         names = touched or groups
