@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from runner.ssh import SSHConfig, forwarded_env
 
-GRACE_SECONDS = 4.0
+GRACE_SECONDS = 3.0
 # After a failure, how long other processes may take to fail on their own before they are
 # stopped. A process that raised can exit after the peers its failure brought down (its
 # interpreter teardown is slow), so the report shows every failure in this window.
