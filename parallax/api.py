@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 from typing import Optional
@@ -21,7 +22,7 @@ from parallax.plan import describe, effective_run_option, make_plan
 from parallax.session import ParallaxRunner
 
 log = logging.getLogger("parallax")
-_runs = []  # this process's get_runner calls: each gets fresh state on the servers
+_run_indices = itertools.count()  # this process's get_runner calls: each gets fresh state
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -48,8 +49,7 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
 
 def _start_worker(graph, analysis, config) -> ParallaxRunner:
     cluster = Cluster.from_env()
-    _runs.append(len(_runs))
-    plan = make_plan(analysis, config, cluster, run_index=_runs[-1])
+    plan = make_plan(analysis, config, cluster, run_index=next(_run_indices))
     if plan.run_option in ("AR", "HYBRID"):
         import horovod.tensorflow as hvd  # only jobs with replicas join a Horovod job
 
