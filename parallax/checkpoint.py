@@ -19,19 +19,21 @@ class Checkpointer:
     def __init__(self, graph: tf.Graph, config: CheckpointConfig, is_chief: bool):
         self._config = config
         self._active = bool(config.ckpt_dir) and is_chief
+        self._saver = self._global_step = None
+        self._last_step: Optional[int] = None
+        self._last_time = time.monotonic()
+        if not self._active:
+            return  # save/restore ops for every variable only where they will run
         with graph.as_default():
             # The saver sees the variables under their original names (the containers the
             # runner uses on servers are not part of them), so a new job finds them again.
             self._saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(),
                                                    max_to_keep=3)
             self._global_step = tf.compat.v1.train.get_global_step()
-        self._last_step: Optional[int] = None
-        self._last_time = time.monotonic()
 
     def restore(self, session) -> bool:
         """Load the latest checkpoint, if any; True when one was loaded."""
-        latest = (tf.train.latest_checkpoint(self._config.ckpt_dir)
-                  if self._config.ckpt_dir else None)
+        latest = tf.train.latest_checkpoint(self._config.ckpt_dir) if self._active else None
         if latest is None:
             return False
         self._saver.restore(session, latest)
