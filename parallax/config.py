@@ -16,11 +16,16 @@ class PSConfig:
 
     local_aggregation: sum the sparse gradients of the workers of one machine on that machine,
         so one gradient per variable per machine crosses to the owning server, not one per worker.
+    post_aggregation_placement: place the ops between a gradient's aggregate and its
+        update (deduplication, norms, clipping) beside their inputs on the servers, a shared one
+        on the first server; off, the chief computes them, the aggregates travelling to it and
+        back.
     boundary_between_workers_and_servers: move light ops (slice, gather, cast, reshape...) at
         the edge between a server and a worker to the side where fewer bytes cross machines.
     """
 
     local_aggregation: bool = True
+    post_aggregation_placement: bool = True
     boundary_between_workers_and_servers: bool = True
 
 

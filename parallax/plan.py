@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from parallax.analysis import GraphAnalysis, VariableInfo
 from parallax.cluster import Cluster
-from parallax.config import Config
+from parallax.config import Config, PSConfig
 
 
 class Sync(enum.Enum):
@@ -32,8 +32,7 @@ class Plan:
     variables: Dict[str, VariablePlan]
     extra_state_servers: Dict[str, int]  # extra state living on a server: its server
     server_writes: List[str]  # ops updating server-resident state: once per step, by the chief
-    local_aggregation: bool
-    boundary: bool = True  # move light ops across the server/worker boundary when it pays
+    ps_config: PSConfig  # which optimizations of the parameter-server path are on
     run_index: int = 0  # which get_runner call of the process this plan is for
 
     @property
@@ -78,8 +77,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     server_writes += [op for name in extra_state_servers
                       for op in analysis.extra_state[name].update_ops]
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                config.ps_config.local_aggregation,
-                config.ps_config.boundary_between_workers_and_servers, run_index)
+                config.ps_config, run_index)
 
 
 def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:
@@ -129,5 +127,5 @@ def describe(plan: Plan) -> str:
              for row in rows]
     header = (f"Parallax plan: run_option={plan.run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
-              + (", local aggregation" if plan.local_aggregation and plan.cluster.servers else ""))
+              + (", local aggregation" if plan.ps_config.local_aggregation and plan.cluster.servers else ""))
     return "\n".join([header] + lines)

@@ -17,10 +17,13 @@ JOBS = {
     "AR-keras": ("keras", "localhost:0,1", ["--run-option", "AR"]),
     "PS": ("sparse", TWO_MACHINES, ["--run-option", "PS"]),
     "PS-no-local-aggregation": ("sparse", TWO_MACHINES,
-                                ["--run-option", "PS", "--no-local-aggregation"]),
+                                ["--run-option", "PS", "--ps-off", "local_aggregation"]),
+    "PS-no-optimizations": ("sparse", TWO_MACHINES, [
+        "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
+        "boundary_between_workers_and_servers"]),
     "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
-                                    ["--run-option", "HYBRID", "--no-local-aggregation"]),
+                                    ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
 }
 
 

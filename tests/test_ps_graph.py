@@ -21,10 +21,9 @@ def horovod():
     hvd.init()  # a one-process Horovod job: HYBRID builds allreduce ops
 
 
-def _transformed(worker_id, config_name="sgd", run_option="PS", local_aggregation=True):
+def _transformed(worker_id, config_name="sgd", run_option="PS", **ps_options):
     graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
-    config = parallax.Config(run_option=run_option,
-                             ps_config=parallax.PSConfig(local_aggregation=local_aggregation))
+    config = parallax.Config(run_option=run_option, ps_config=parallax.PSConfig(**ps_options))
     plan = make_plan(analyze(graph), config, Cluster(worker_id=worker_id, **CLUSTER))
     return transform(graph, plan), plan
 
@@ -94,6 +93,15 @@ def test_post_aggregation_ops_follow_their_inputs():
     assert sparse_clip == [server], clips
     norms = [op for op in ops if op.type == "L2Loss"]
     assert {op.device for op in norms} == {server, "/job:worker/task:0"}
+
+
+def test_without_post_aggregation_placement_the_chief_computes_after_aggregation():
+    graph, _ = _transformed(0, "sgd+clip", run_option="HYBRID", post_aggregation_placement=False)
+    ops = graph.get_operations()
+    after_aggregation = [op for op in ops if op.type == "L2Loss" or op.name.endswith(
+        "global_norm/global_norm")]
+    assert after_aggregation
+    assert {op.device for op in after_aggregation} == {"/job:worker/task:0"}
 
 
 def test_non_chief_never_runs_server_updates():

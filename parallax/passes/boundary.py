@@ -17,7 +17,7 @@ LIGHT_OPS = frozenset({
 
 
 def place_boundary_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not (plan.cluster.has_servers and plan.boundary):
+    if not (plan.cluster.has_servers and plan.ps_config.boundary_between_workers_and_servers):
         return graph
     moved = True
     while moved:  # a chain of light ops (read -> slice -> cast) moves one op at a time

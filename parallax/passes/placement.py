@@ -15,9 +15,8 @@ from parallax.passes.rewire import read_aggregated
 from parallax.plan import Plan
 
 
-
 def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not plan.cluster.has_servers:
+    if not (plan.cluster.has_servers and plan.ps_config.post_aggregation_placement):
         return graph
     starts = {graph.get_tensor_by_name(name).op for name in read_aggregated(graph).values()}
     updates = {graph.get_operation_by_name(name) for var_plan in plan.variables.values()

@@ -58,7 +58,7 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 parts = _gradient_parts(graph, record)
                 consumers = [list(t.consumers()) for t in parts]
                 queue = shared_queue(parts, f"grad/{key}", device)
-                if record.is_sparse and plan.local_aggregation and cluster.num_machines > 1:
+                if record.is_sparse and plan.ps_config.local_aggregation and cluster.num_machines > 1:
                     push, producers = local_aggregation.push_through_machine(parts, key, plan,
                                                                             queue)
                 else:

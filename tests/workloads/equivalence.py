@@ -5,9 +5,10 @@ shard and saves its variables and the global_step after every step. The tests im
 `train_single_device` to compute the reference on the combined batch in-process.
 
     python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
-        [--configs sgd adam+clip] [--sum] [--no-local-aggregation]
+        [--configs sgd adam+clip] [--sum] [--ps-off local_aggregation ...]
 """
 import argparse
+import dataclasses
 import itertools
 import os
 
@@ -137,12 +138,14 @@ def main():
     parser.add_argument("--configs", nargs="*", default=CONFIGS, choices=CONFIGS)
     parser.add_argument("--sum", action="store_true",
                         help="aggregate gradients as the sum over workers, not the mean")
-    parser.add_argument("--no-local-aggregation", action="store_true")
+    parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
+                        choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
+                        help="PSConfig optimizations to turn off")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
     config_of_job = parallax.Config(
         run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
-        ps_config=parallax.PSConfig(local_aggregation=not args.no_local_aggregation))
+        ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
         runner = parallax.get_runner(graph, args.resources, config_of_job)
