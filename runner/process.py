@@ -100,8 +100,10 @@ class _Process:
             pass
 
 
-def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> None:
-    """Start every process and wait for all; raise JobFailed when the job does not succeed."""
+def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
+                  timeout: Optional[float] = None) -> None:
+    """Start every process and wait for all; raise JobFailed when the job does not succeed,
+    or has not finished after `timeout` seconds."""
     stop_signal = []
     previous = {sig: signal.signal(sig, lambda signum, _: stop_signal.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -110,8 +112,9 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> No
     try:
         for spec in specs:
             processes.append(_Process(spec, lock, exits))
+        job_deadline = None if timeout is None else time.monotonic() + timeout
         failure = _wait(sum(not p.spec.service for p in processes), exits, stop_signal,
-                        poll_seconds)
+                        poll_seconds, job_deadline)
     finally:
         _stop_all(processes)
         for sig, handler in previous.items():
@@ -120,7 +123,8 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1) -> No
         raise failure
 
 
-def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: float):
+def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: float,
+          job_deadline: Optional[float]):
     failures = []
     deadline = None
     while running and (deadline is None or time.monotonic() < deadline):
@@ -128,6 +132,8 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
             name = signal.Signals(stop_signal[0]).name
             return JobFailed(f"stopped by {name}: every process was terminated",
                              128 + stop_signal[0])
+        if job_deadline is not None and time.monotonic() > job_deadline and not failures:
+            return JobFailed("timed out: every process was terminated", 124)
         try:
             process, code = exits.get(timeout=poll_seconds)
         except queue.Empty:
