@@ -33,6 +33,23 @@ down() {
     rm -rf "$state"
 }
 
+# shape TC DEVICE RATE DELAY: a token bucket (tbf) for the rate, under netem for the delay.
+# tbf is in every kernel; netem is a module some kernels lack, so it is only asked for a delay.
+shape() {
+    local tc=$1 dev=$2 rate=$3 delay=$4 parent="root"
+    if [ -n "$delay" ]; then
+        $tc qdisc add dev "$dev" root handle 1: netem delay "$delay" || {
+            echo "emulated_cluster: this kernel has no netem qdisc: --delay is not possible" >&2
+            exit 1; }
+        parent="parent 1:"
+    fi
+    if [ -n "$rate" ]; then
+        # A burst of a few MTUs keeps the rate exact at the scale of a step; a queue of
+        # 500 ms of traffic absorbs TCP bursts without drops.
+        $tc qdisc add dev "$dev" $parent handle 2: tbf rate "$rate" burst 64kb latency 500ms
+    fi
+}
+
 need_sshd() {
     [ -x /usr/sbin/sshd ] && return
     echo "emulated_cluster: installing openssh-server" >&2
@@ -55,6 +72,7 @@ up() {
     [ "$(id -u)" = 0 ] || { echo "emulated_cluster: needs root (network namespaces)" >&2; exit 1; }
     need_sshd
     down
+    trap '[ $? -eq 0 ] || down' EXIT  # a cluster that failed to come up is taken down whole
     mkdir -p "$state" /run/sshd
     chmod 700 "$state"
     ssh-keygen -q -t ed25519 -N "" -f "$state/id_ed25519"
@@ -81,13 +99,10 @@ up() {
         ip -n "$ns" addr add "$address/24" dev eth0
         ip -n "$ns" link set eth0 up
         ip -n "$ns" link set lo up
-        if [ -n "$rate" ] || [ -n "$delay" ]; then
-            # Shape what the host sends, on its own interface, and what it receives, on the
-            # bridge port: the host's link is limited both ways.
-            local netem="netem ${delay:+delay $delay} ${rate:+rate $rate}"
-            ip netns exec "$ns" tc qdisc add dev eth0 root $netem
-            tc qdisc add dev "pxv$i" root $netem
-        fi
+        # Shape what the host sends, on its own interface, and what it receives, on the
+        # bridge port: the host's link is limited both ways.
+        shape "ip netns exec $ns tc" eth0 "$rate" "$delay"
+        shape tc "pxv$i" "$rate" "$delay"
         # gloo finds a host's address by resolving its hostname: each host has its own name and
         # a hosts file (ip netns exec bind-mounts /etc/netns/NS/hosts) that knows every host.
         mkdir -p "/etc/netns/$ns"
