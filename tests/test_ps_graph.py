@@ -166,3 +166,23 @@ def test_boundary_ops_move_to_the_server_when_fewer_bytes_cross():
 def test_boundary_leaves_ops_on_the_servers_machine_alone():
     graph, plan = _boundary_graph(worker_id=0, boundary=True)  # worker 0 shares machine 0
     assert graph.get_operation_by_name("Slice").device == "/job:worker/task:0"
+
+
+def test_a_loop_reading_server_variables_stays_on_the_worker():
+    """A Keras LSTM is a While op that takes the kernels' handles: in PS mode the kernels go to
+    a server, the loop (the model's compute) stays on the worker."""
+    import keras
+
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs = tf.random.normal([4, 5, 3])
+        loss = tf.reduce_sum(keras.layers.LSTM(8)(inputs))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    plan = make_plan(analyze(graph), parallax.Config(run_option="PS"),
+                     Cluster(worker_id=2, **CLUSTER))
+    graph = transform(graph, plan)
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert loops and {op.device for op in loops} == {"/job:worker/task:2"}
+    kernels = [op for op in graph.get_operations() if op.type == "VarHandleOp"
+               and "kernel" in op.name]
+    assert kernels and all(op.device.startswith("/job:ps/") for op in kernels)

@@ -21,6 +21,11 @@ PUSH_COLLECTION = "parallax_push"  # this worker's gradient pushes (ops)
 MIRROR_ASSIGN_COLLECTION = "parallax_mirror_assign"  # the chief's mirror writes (ops)
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
+# Ops that run a function (a while loop's body, say) and take a variable's handle to read it
+# inside: they are the model's compute, and stay on the worker; the reads inside go to the
+# variable's device by themselves.
+FUNCTION_CALL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                               "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
 
 
 def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
@@ -29,6 +34,8 @@ def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     variable TF colocated with one on a server (Adam's beta powers go with the first variable)
     stays with the replica, and so do the ops that touch it."""
     for op in graph.get_operations():
+        if op.type in FUNCTION_CALL_OPS:
+            continue
         touched = [t.op.name for t in op.inputs if t.op.type in VARIABLE_OP_TYPES]
         if op.type in VARIABLE_OP_TYPES:
             touched.append(op.name)

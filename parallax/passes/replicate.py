@@ -4,12 +4,13 @@ worker's task.
 Between-graph replication: every worker builds and rewrites its own copy of the graph, so the
 forward and backward computation is replicated by construction; this pass only names the task.
 It runs after the passes that put state on servers: an op that uses a server's resource (a queue,
-a variable) goes with it, and a user's own pin ('/gpu:0') is kept within the worker.
+a variable) goes with it, unless it only passes the resource to a function (a while loop), and a user's own pin ('/gpu:0') is kept within the worker.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
+from parallax.passes.ps import FUNCTION_CALL_OPS
 from parallax.plan import Plan
 
 
@@ -20,8 +21,8 @@ def pin_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
         spec = tf.DeviceSpec.from_string(op.device or "")
         if spec.job == "ps":
             continue
-        on_server = [t.op.device for t in op.inputs
-                     if (t.dtype == tf.resource or t.dtype._is_ref_dtype)  # pylint: disable=protected-access
+        on_server = [t.op.device for t in op.inputs if op.type not in FUNCTION_CALL_OPS
+                     and (t.dtype == tf.resource or t.dtype._is_ref_dtype)  # pylint: disable=protected-access
                      and t.op.device.startswith("/job:ps")]
         device = on_server[0] if on_server else spec.replace(
             job="worker", task=plan.cluster.worker_id).to_string()
