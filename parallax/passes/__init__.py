@@ -12,11 +12,13 @@ from parallax.passes.placement import place_post_aggregation_ops
 from parallax.passes.ps import aggregate_on_servers, place_variables_on_servers
 from parallax.passes.replicate import pin_to_worker, separate_runner_state
 from parallax.passes.sync import synchronize_steps
+from parallax.passes.unique_rows import gather_unique_rows
 from parallax.plan import Plan
 
 _ALLREDUCE = (allreduce_gradients, broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
-       place_post_aggregation_ops, place_boundary_ops, synchronize_steps, separate_runner_state)
+       place_post_aggregation_ops, place_boundary_ops, gather_unique_rows, synchronize_steps,
+       separate_runner_state)
 _PIPELINES = {
     "AR": _ALLREDUCE,
     "PS": _PS,
