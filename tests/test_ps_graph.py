@@ -81,8 +81,9 @@ def test_hybrid_places_dense_on_workers_and_sparse_on_servers():
 def test_post_aggregation_ops_follow_their_inputs():
     """clip_by_global_norm in HYBRID: norms of sparse gradients beside them on their server,
     the global norm (inputs from several processes) on the first server, each clip with its
-    own gradient (paper Figure 9)."""
-    graph, plan = _transformed(0, "sgd+clip", run_option="HYBRID")
+    own gradient (paper Figure 9). Without local aggregation: with it, each worker computes its
+    share of the sparse norm before pushing (next test)."""
+    graph, plan = _transformed(0, "sgd+clip", run_option="HYBRID", local_aggregation=False)
     server = plan.cluster.server_device(plan.variables["embedding"].server)
     ops = graph.get_operations()
     global_norm = [op for op in ops if op.name.endswith("global_norm/global_norm")]
@@ -93,6 +94,39 @@ def test_post_aggregation_ops_follow_their_inputs():
     assert sparse_clip == [server], clips
     norms = [op for op in ops if op.type == "L2Loss"]
     assert {op.device for op in norms} == {server, "/job:worker/task:0"}
+
+
+def test_local_aggregation_sums_rows_by_id_and_carries_the_norm():
+    """Worker 2 (machine 1) pushes its rows summed by id with its norm share; its machine's
+    first worker sums the machine's rows again on the machine's server; the model's L2Loss of
+    the sparse gradient is replaced by the carried norm."""
+    graph, plan = _transformed(2, "sgd+clip", run_option="HYBRID")
+    ops = graph.get_operations()
+    pushes = [op for op in ops if op.type == "QueueEnqueueV2"
+              and "machine1" in op.inputs[0].op.get_attr("shared_name").decode()]
+    assert pushes and all(len(op.inputs) == 4 for op in pushes)  # queue, values, ids, norm
+    assert {op.inputs[1].op.type for op in pushes} == {"UnsortedSegmentSum"}
+    machine_sums = [op for op in ops if op.type == "UnsortedSegmentSum"
+                    and op.device == plan.cluster.server_device(1)]
+    assert machine_sums
+    stack = next(op for op in ops if op.name.endswith("global_norm/stack"))
+    assert "L2Loss" not in {t.op.type for t in stack.inputs if t.op.device.startswith("/job:ps")}
+
+
+def test_rows_are_not_summed_when_the_model_needs_each_row():
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf.compat.v1.get_variable("table", [10, 2])
+        rows = tf.nn.embedding_lookup(table, tf.constant([1, 1, 3]))
+        loss = tf.reduce_sum(rows)
+        grad, = tf.compat.v1.gradients(loss, [table])
+        tf.compat.v1.scatter_sub(table, grad.indices, tf.nn.softmax(grad.values))  # row-wise
+    plan = make_plan(analyze(graph), parallax.Config(run_option="PS"),
+                     Cluster(worker_id=2, **CLUSTER))
+    graph = transform(graph, plan)
+    pushes = [op for op in graph.get_operations() if op.type == "QueueEnqueueV2"
+              and "grad/table" in op.inputs[0].op.get_attr("shared_name").decode()]
+    assert pushes and all(len(op.inputs) == 3 for op in pushes)  # queue, values, ids
 
 
 def test_without_post_aggregation_placement_the_chief_computes_after_aggregation():
@@ -186,3 +220,17 @@ def test_a_loop_reading_server_variables_stays_on_the_worker():
     kernels = [op for op in graph.get_operations() if op.type == "VarHandleOp"
                and "kernel" in op.name]
     assert kernels and all(op.device.startswith("/job:ps/") for op in kernels)
+
+
+@pytest.mark.parametrize("boundary", [True, False])
+def test_lookups_into_server_variables_ask_for_unique_rows(boundary):
+    graph, _ = _transformed(2, "sgd", boundary_between_workers_and_servers=boundary)
+    gathers = [op for op in graph.get_operations() if op.type == "ResourceGather"
+               and op.device.startswith("/job:ps/") and op.outputs[0].consumers()]
+    assert gathers
+    unique = {op.inputs[1].op.type == "Unique" for op in gathers}
+    assert unique == ({True} if boundary else {False})
+    if boundary:  # the rows are expanded to the lookup's result on the worker
+        consumers = [c for op in gathers for c in op.outputs[0].consumers()]
+        assert {c.device for c in consumers} == {"/job:worker/task:2"}
+        assert "GatherV2" in {c.type for c in consumers}

@@ -3,16 +3,17 @@
 Each step every worker pushes its gradient into a queue on the variable's server; the chief
 takes all of them there, so the user's post-processing and update ops (placed with the variable)
 see the aggregate and run exactly once. A sparse gradient is aggregated by concatenating the
-workers' slices, which keeps every row single-device training would have (clip_by_global_norm
-counts duplicate rows separately). Other workers get the aggregate, when their graph needs it
-(for a global norm, say), from a mirror variable the chief fills before it releases the step.
+workers' slices; with local aggregation, rows of one id are summed first where the model allows
+(row_sums.py), the norm of every row carried beside them. Other workers get the aggregate, when
+their graph needs it (for a global norm, say), from a mirror variable the chief fills before it
+releases the step.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
 from parallax.capture import VARIABLE_OP_TYPES, GradientRecord
-from parallax.passes import local_aggregation
+from parallax.passes import local_aggregation, row_sums
 from parallax.passes.queues import concat_slices, shared_queue
 from parallax.passes.rewire import record_aggregated, reroute
 from parallax.plan import Plan, Sync
@@ -64,31 +65,50 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 key = f"{var_plan.variable.name}/{index}"
                 parts = _gradient_parts(graph, record)
                 consumers = [list(t.consumers()) for t in parts]
-                queue = shared_queue(parts, f"grad/{key}", device)
-                if record.is_sparse and plan.ps_config.local_aggregation and cluster.num_machines > 1:
-                    push, producers = local_aggregation.push_through_machine(parts, key, plan,
+                pushed = _outgoing(parts, plan)
+                queue = shared_queue(pushed, f"grad/{key}", device)
+                machines = cluster.num_machines
+                if record.is_sparse and plan.ps_config.local_aggregation and machines > 1:
+                    push, producers = local_aggregation.push_through_machine(pushed, key, plan,
                                                                             queue)
                 else:
-                    push, producers = queue.enqueue(parts), cluster.num_workers
+                    push, producers = queue.enqueue(pushed), cluster.num_workers
                 graph.add_to_collection(PUSH_COLLECTION, push)
                 with tf.device(device):
-                    mirrors = _mirror_variables(parts, key)
-                    if cluster.is_chief:
-                        aggregated = _take(queue, parts, producers, push, var_plan.average,
-                                           cluster.num_workers)
-                        for mirror, value in zip(mirrors, aggregated):
-                            graph.add_to_collection(MIRROR_ASSIGN_COLLECTION, mirror.assign(
-                                value, read_value=False))
-                    else:
-                        # The read op itself, so the step token can be made to precede it.
-                        aggregated = [tf.raw_ops.ReadVariableOp(resource=m.handle, dtype=m.dtype)
-                                      for m in mirrors]
-                        for read in aggregated:
-                            graph.add_to_collection(MIRROR_READ_COLLECTION, read.op)
+                    aggregated = _aggregate(queue, pushed, producers, push, var_plan.average,
+                                            key, cluster)
                 for old, new, old_consumers in zip(parts, aggregated, consumers):
                     reroute(old, new, old_consumers)
                     record_aggregated(old, new)
+                if len(aggregated) == 3:
+                    row_sums.use_carried_norm(consumers[0], aggregated[2])
     return graph
+
+
+def _outgoing(parts, plan: Plan):
+    """What a worker pushes: with local aggregation, a sparse gradient's rows summed by id and
+    its norm share, where the model allows it (row_sums.py); otherwise the gradient."""
+    if (len(parts) == 2 and plan.ps_config.local_aggregation
+            and row_sums.rows_can_be_summed(*parts)):
+        return row_sums.sum_rows(*parts) + [row_sums.norm_share(parts[0])]
+    return parts
+
+
+def _aggregate(queue, pushed, producers, own_push, average, key, cluster):
+    """The step's aggregate: taken from the queue by the chief, which also stores it in mirror
+    variables; read from those by the other workers."""
+    mirrors = _mirror_variables(pushed, key)
+    if cluster.is_chief:
+        aggregated = _take(queue, pushed, producers, own_push, average, cluster.num_workers)
+        for mirror, value in zip(mirrors, aggregated):
+            tf.compat.v1.get_default_graph().add_to_collection(
+                MIRROR_ASSIGN_COLLECTION, mirror.assign(value, read_value=False))
+        return aggregated
+    # The read op itself, so the step token can be made to precede it.
+    reads = [tf.raw_ops.ReadVariableOp(resource=m.handle, dtype=m.dtype) for m in mirrors]
+    for read in reads:
+        tf.compat.v1.get_default_graph().add_to_collection(MIRROR_READ_COLLECTION, read.op)
+    return reads
 
 
 def _gradient_parts(graph, record: GradientRecord):
@@ -105,15 +125,18 @@ def _take(queue, parts, producers, own_push, average, num_workers):
             aggregated = concat_slices([queue.dequeue() for _ in range(producers)])
     if average:
         aggregated[0] = aggregated[0] / tf.cast(num_workers, aggregated[0].dtype)
+        if len(aggregated) == 3:  # the norm share of rows scaled by 1/N
+            aggregated[2] = aggregated[2] / tf.cast(num_workers ** 2, aggregated[2].dtype)
     return aggregated
 
 
 def _mirror_variables(parts, key):
     """Variables holding the step's aggregate for the workers other than the chief. A sparse
-    gradient's row count changes every step, hence its first dimension is left open."""
+    gradient's row count changes every step, hence its first dimension is left open (its
+    values and indices; not a carried norm)."""
     mirrors = []
     for index, part in enumerate(parts):
-        sparse = len(parts) > 1
+        sparse = len(parts) > 1 and index < 2
         shape = tf.TensorShape([None]).concatenate(part.shape[1:]) if sparse else part.shape
         initial = tf.zeros([0] + shape[1:].as_list() if sparse else shape, dtype=part.dtype)
         mirrors.append(tf.compat.v1.Variable(

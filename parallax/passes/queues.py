@@ -15,6 +15,10 @@ def shared_queue(parts, name, device):
 
 
 def concat_slices(items):
-    """The sum of IndexedSlices, keeping every row: (values, indices) concatenated."""
-    return [tf.concat([item[0] for item in items], axis=0),
-            tf.concat([item[1] for item in items], axis=0)]
+    """The sum of IndexedSlices, (values, indices) concatenated; a third part, the norm share
+    carried with rows summed by id (row_sums.py), is added up."""
+    combined = [tf.concat([item[0] for item in items], axis=0),
+                tf.concat([item[1] for item in items], axis=0)]
+    if len(items[0]) == 3:
+        combined.append(tf.add_n([item[2] for item in items]))
+    return combined

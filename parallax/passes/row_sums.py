@@ -1,0 +1,53 @@
+"""Rows of a sparse gradient summed by id before they cross machines (paper §5.3.2, local
+aggregation). A lookup's gradient has one row per id looked up, repeated ids included; each
+worker sums its rows of one id, and each machine the rows of its workers, so a row per id
+travels. That leaves the update unchanged where the model only adds rows into the variable
+(every optimizer sums the rows of one id first) and takes the gradient's L2 norm
+(clip_by_global_norm): the norm single-device training sees is over every row, and is carried
+beside the summed rows as each worker's share (a sum of squares adds up across workers)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from parallax.passes.rewire import record_aggregated, reroute
+
+# Ops that add rows of one id together (or, Unique, find them): duplicates do not matter.
+_ROW_ADDERS = frozenset({"UnsortedSegmentSum", "Unique", "ResourceScatterAdd",
+                         "ResourceScatterSub", "ScatterAdd", "ScatterSub"})
+# Elementwise by a scalar (a clip factor, an average): summing rows commutes with them.
+_SCALINGS = frozenset({"Mul", "RealDiv", "Neg", "Identity"})
+
+
+def rows_can_be_summed(values: tf.Tensor, indices: tf.Tensor) -> bool:
+    return _only_row_adders(values, norm_ok=True) and _only_row_adders(indices, norm_ok=False)
+
+
+def _only_row_adders(tensor: tf.Tensor, norm_ok: bool) -> bool:
+    for consumer in tensor.consumers():
+        if consumer.type in _ROW_ADDERS or (norm_ok and consumer.type == "L2Loss"):
+            continue
+        others = [t for t in consumer.inputs if t is not tensor]
+        if consumer.type in _SCALINGS and all(t.shape.rank == 0 for t in others):
+            if all(_only_row_adders(out, norm_ok) for out in consumer.outputs):
+                continue
+        return False
+    return True
+
+
+def sum_rows(values: tf.Tensor, indices: tf.Tensor):
+    unique_indices, positions = tf.unique(indices)
+    return [tf.math.unsorted_segment_sum(values, positions, tf.shape(unique_indices)[0]),
+            unique_indices]
+
+
+def norm_share(values: tf.Tensor) -> tf.Tensor:
+    """What the rows add to an L2Loss of all of them: half their sum of squares."""
+    return tf.nn.l2_loss(values)
+
+
+def use_carried_norm(old_values_consumers, norm: tf.Tensor) -> None:
+    """The model's L2Loss of the gradient's rows reads the carried norm instead."""
+    for op in old_values_consumers:
+        if op.type == "L2Loss":
+            reroute(op.outputs[0], norm, list(op.outputs[0].consumers()))
+            record_aggregated(op.outputs[0], norm)  # the post-aggregation ops start here too
