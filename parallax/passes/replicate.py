@@ -4,7 +4,8 @@ worker's task.
 Between-graph replication: every worker builds and rewrites its own copy of the graph, so the
 forward and backward computation is replicated by construction; this pass only names the task.
 It runs after the passes that put state on servers: an op that uses a server's resource (a queue,
-a variable) goes with it, unless it only passes the resource to a function (a while loop), and a user's own pin ('/gpu:0') is kept within the worker.
+a variable) goes with it, unless it only passes the resource to a function (a while loop), and
+a user's own pin ('/gpu:0') is kept within the worker.
 """
 from __future__ import annotations
 

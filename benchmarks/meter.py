@@ -1,0 +1,66 @@
+"""What every benchmark worker records, whichever system runs it: the wall time of windows of
+training steps after a warm-up, and its host's network counters around them. The counters are
+the interfaces of the worker's network namespace (its host's link on the emulated cluster), so
+any one worker of a host reports that host's traffic."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Callable, Dict, Optional
+
+SYS_NET = "/sys/class/net"
+
+
+def interface_counters() -> Dict[str, Dict[str, int]]:
+    counters = {}
+    for interface in sorted(os.listdir(SYS_NET)):
+        if interface == "lo":
+            continue
+        stats = os.path.join(SYS_NET, interface, "statistics")
+        counters[interface] = {name: int(open(os.path.join(stats, name)).read())
+                               for name in ("tx_bytes", "rx_bytes")}
+    return counters
+
+
+def measure(run_step: Callable[[], None], out_dir: str, is_chief: bool, warmup: int,
+            window: int, windows: int, **details) -> None:
+    """Run warm-up steps, then `windows` windows of `window` steps; this worker's record
+    (seconds per window, counters before and after them) is written to `out_dir` after each
+    window, so a worker stopped at the end of a job (TF-PS workers one step behind a chief that
+    has finished, say) still reports the windows it completed."""
+    for _ in range(warmup):
+        run_step()
+    record = dict(details, host=socket.gethostname(), pid=os.getpid(), is_chief=is_chief,
+                  window_steps=window, window_seconds=[], counters_before=interface_counters())
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{record['host']}-{record['pid']}.json")
+    for _ in range(windows):
+        start = time.perf_counter()
+        for _ in range(window):
+            run_step()
+        record["window_seconds"].append(time.perf_counter() - start)
+        record["counters_after"] = interface_counters()
+        with open(path + ".tmp", "w") as out:
+            json.dump(record, out)
+        os.replace(path + ".tmp", path)
+
+
+def placement(graph) -> Dict[str, Optional[int]]:
+    """Trainable variable -> the ps task holding it, or None for a replica on the worker."""
+    where = {}
+    for variable in graph.get_collection("trainable_variables"):
+        device = variable.op.device
+        where[variable.op.name] = (int(device.split("/job:ps/task:")[1].split("/")[0])
+                                   if "/job:ps/task:" in device else None)
+    return where
+
+
+def add_arguments(parser) -> None:
+    """The options every system's benchmark script takes."""
+    parser.add_argument("--workload", required=True, choices=["cnn", "lm", "nmt"])
+    parser.add_argument("--out", required=True, help="folder for the workers' records")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--window", type=int, default=10, help="steps per measured window")
+    parser.add_argument("--windows", type=int, default=3)

@@ -1,0 +1,250 @@
+"""The benchmark report: from the workers' records (summary.json, written by run.py) a markdown
+table per workload and PNG plots. Run alone it rewrites them from an existing summary:
+
+    python benchmarks/report.py [benchmarks/results]
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+from typing import Dict, List, Optional
+
+import analytic
+
+SYSTEM_LABELS = {
+    "single": "1 worker (no network)",
+    "parallax-hybrid": "Parallax HYBRID",
+    "parallax-ar": "Parallax AR",
+    "parallax-ps": "Parallax PS",
+    "horovod": "Horovod",
+    "horovod-sparse-as-dense": "Horovod sparse_as_dense",
+    "tf-ps": "TF-PS (SyncReplicas)",
+    "ablation-ps-base": "PS, no optimizations (BASE)",
+    "ablation+hybrid": "+HYBRID",
+    "ablation+local-aggregation": "+local aggregation",
+    "ablation+post-aggregation-placement": "+post-aggregation placement",
+}
+ABLATION_ORDER = ["ablation-ps-base", "ablation+hybrid", "ablation+local-aggregation",
+                  "ablation+post-aggregation-placement", "parallax-hybrid"]
+BASELINES = ["horovod", "horovod-sparse-as-dense", "tf-ps"]
+
+
+def rate_bytes_per_second(rate: str) -> float:
+    """tc's notation: 100mbit, 1gbit, 500kbit (bits per second)."""
+    match = re.fullmatch(r"([0-9.]+)\s*(k|m|g)?bit", rate.strip().lower())
+    if not match:
+        raise ValueError(f"rate {rate!r}: write it as tc does, e.g. 100mbit or 1gbit")
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9, None: 1.0}[match.group(2)]
+    return float(match.group(1)) * scale / 8
+
+
+def _sync_of(result: dict, variables: List[dict]) -> Dict[str, tuple]:
+    """How each variable moved in this system's job (analytic.ALLREDUCE/ALLGATHER/PS)."""
+    chief = _chief(result)
+    placement = chief.get("placement")
+    sync = {}
+    for variable in variables:
+        sparse = variable["rows"] is not None
+        server = placement.get(variable["name"]) if placement else None
+        if server is not None:
+            sync[variable["name"]] = (analytic.PS, server)
+        elif sparse and not chief.get("sparse_as_dense"):
+            sync[variable["name"]] = (analytic.ALLGATHER, None)
+        else:
+            sync[variable["name"]] = (analytic.ALLREDUCE, None)
+    return sync
+
+
+def _chief(result: dict) -> dict:
+    return next(r for r in result["records"] if r["is_chief"])
+
+
+def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
+    """One row: throughput, speedup, bytes per host link (measured, analytic), link use."""
+    row = {"system": result["system"], "error": result["error"]}
+    if result["error"] or not result["records"]:
+        return row
+    chief = _chief(result)
+    steps = chief["window_steps"]
+    per_window = [chief["units_per_step"] * steps / s for s in chief["window_seconds"]]
+    row.update(unit=chief["unit"], throughput=statistics.median(per_window),
+               step_ms=1000 * statistics.median(chief["window_seconds"]) / steps)
+    single_row = summarize(single, None, summary) if single and result is not single else None
+    if single_row and single_row.get("throughput"):
+        row["speedup"] = row["throughput"] / single_row["throughput"]
+    if result["system"] == "single":
+        return row
+    measured = {}
+    for record in result["records"]:  # any worker of a host reads that host's link
+        if record["host"] not in measured:
+            before, after = record["counters_before"]["eth0"], record["counters_after"]["eth0"]
+            total_steps = steps * len(record["window_seconds"])
+            measured[record["host"]] = {d: (after[f"{d}_bytes"] - before[f"{d}_bytes"])
+                                        / total_steps for d in ("tx", "rx")}
+    row["measured"] = [measured[h] for h in sorted(measured)]
+    if single:
+        variables = _chief(single)["variables"]
+        parallax = chief["system"] == "parallax"
+        row["analytic"] = analytic.host_bytes(
+            variables, _sync_of(result, variables), summary["hosts"],
+            summary["workers_per_host"],
+            unique_pulls=parallax and "boundary_between_workers_and_servers" not in chief["ps_off"],
+            summed_pushes=parallax and "local_aggregation" not in chief["ps_off"])
+        row["deviation"] = max(abs(m[d] / a[d] - 1) for m, a in zip(row["measured"],
+                                                                    row["analytic"])
+                               for d in ("tx", "rx") if a[d])
+    busiest = max(m[d] for m in row["measured"] for d in ("tx", "rx"))
+    row["link_seconds"] = busiest / rate_bytes_per_second(summary["rate"])
+    row["link_bound_ratio"] = row["link_seconds"] / (row["step_ms"] / 1000)
+    return row
+
+
+def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:
+    by_workload: Dict[str, List[dict]] = {}
+    for result in summary["results"]:
+        by_workload.setdefault(result["workload"], []).append(result)
+    rows = {}
+    for workload, results in by_workload.items():
+        single = next((r for r in results if r["system"] == "single" and not r["error"]), None)
+        rows[workload] = [summarize(r, single, summary) for r in results]
+    return rows
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1e6:.2f}"
+
+
+def _table(rows: List[dict]) -> List[str]:
+    lines = ["| system | throughput | step (ms) | speedup over 1 worker | "
+             "MB/step per host link, measured tx/rx | analytic (Table 3) tx/rx | "
+             "max deviation | link-busy share of the step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        label = SYSTEM_LABELS.get(row["system"], row["system"])
+        if row["error"]:
+            lines.append(f"| {label} | failed: {row['error']} | | | | | | |")
+            continue
+        measured = " ; ".join(f"{_mb(m['tx'])}/{_mb(m['rx'])}" for m in row.get("measured", []))
+        expected = " ; ".join(f"{_mb(a['tx'])}/{_mb(a['rx'])}" for a in row.get("analytic", []))
+        deviation = f"{100 * row['deviation']:.1f}%" if "deviation" in row else ""
+        busy = f"{row['link_bound_ratio']:.2f}" if "link_bound_ratio" in row else ""
+        speedup = f"{row['speedup']:.2f}x" if "speedup" in row else ""
+        lines.append(f"| {label} | {row['throughput']:.0f} {row['unit']}/s | "
+                     f"{row['step_ms']:.0f} | {speedup} | {measured} | {expected} | "
+                     f"{deviation} | {busy} |")
+    return lines
+
+
+def _throughput(rows: List[dict], system: str) -> Optional[float]:
+    row = next((r for r in rows if r["system"] == system and not r["error"]), None)
+    return row["throughput"] if row else None
+
+
+def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]:
+    lines = []
+    if "lm" in rows:
+        hybrid = _throughput(rows["lm"], "parallax-hybrid")
+        best = max((t for t in (_throughput(rows["lm"], b) for b in BASELINES) if t),
+                   default=None)
+        if hybrid and best:
+            lines.append(f"- (b) lm: Parallax HYBRID / best of Horovod and TF-PS = "
+                         f"{hybrid / best:.2f} (target >= 2): "
+                         f"{'met' if hybrid >= 2 * best else 'NOT met'}")
+    if "cnn" in rows:
+        hybrid, horovod = (_throughput(rows["cnn"], s) for s in ("parallax-hybrid", "horovod"))
+        if hybrid and horovod:
+            lines.append(f"- (a) cnn: Parallax HYBRID / Horovod = {hybrid / horovod:.3f} "
+                         f"(target >= 0.97): {'met' if hybrid >= 0.97 * horovod else 'NOT met'}")
+    deviations = [(w, r["system"], r["deviation"]) for w, rs in rows.items() for r in rs
+                  if "deviation" in r]
+    if deviations:
+        worst = max(deviations, key=lambda d: d[2])
+        within = sum(d[2] <= 0.10 for d in deviations)
+        lines.append(f"- measured bytes within 10% of Table 3: {within} of {len(deviations)} "
+                     f"jobs; worst {100 * worst[2]:.1f}% ({worst[1]} on {worst[0]})")
+    if transform:
+        slowest = max(transform["seconds"].values())
+        lines.append(f"- transforming {transform['model']} ({transform['ops']} ops, "
+                     f"{transform['variables']} variables): "
+                     + ", ".join(f"{k} {v:.2f} s" for k, v in transform["seconds"].items())
+                     + f" (target < 3 s): {'met' if slowest < 3 else 'NOT met'}")
+    return lines
+
+
+def write(summary: dict, out: str) -> None:
+    rows = rows_by_workload(summary)
+    transform = summary.get("transform")
+    lines = ["# Parallax benchmark", "",
+             f"{summary['hosts']} hosts x {summary['workers_per_host']} workers (network "
+             f"namespaces on one 2-core machine), each host's link limited to {summary['rate']} "
+             f"both ways{', delay ' + summary['delay'] if summary.get('delay') else ''}. "
+             f"Measurement: {' '.join(summary['measure'])} (warm-up steps, then windows of "
+             "steps; throughput is the median window of the chief). Bytes are each host's "
+             "interface counters over the windows, per step; 'link-busy share' is the busiest "
+             "direction's bytes at the link rate over the step time (the ratio of measured "
+             "throughput to the link-bandwidth bound).", ""]
+    lines += ["## Targets", ""] + targets(rows, transform) + [""]
+    for workload, workload_rows in rows.items():
+        single = next((r for r in workload_rows if r["system"] == "single"), None)
+        lines += [f"## {workload}", ""]
+        if single and not single["error"]:
+            lines.append(f"One worker alone, compute only: {single['step_ms']:.0f} ms a step "
+                         f"({single['throughput']:.0f} {single['unit']}/s).")
+            lines.append("")
+        main = [r for r in workload_rows if not r["system"].startswith("ablation")]
+        lines += _table(main) + [""]
+        ablation = [r for s in ABLATION_ORDER for r in workload_rows if r["system"] == s]
+        if len(ablation) > 1:
+            lines += [f"Table 4 ablation ({workload}):", ""] + _table(ablation) + [""]
+    with open(os.path.join(out, "results.md"), "w") as out_file:
+        out_file.write("\n".join(lines) + "\n")
+    _plots(rows, out)
+
+
+def _plots(rows: Dict[str, List[dict]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for workload, workload_rows in rows.items():
+        figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+        shown = [r for r in workload_rows if not r["error"]]
+        labels = [SYSTEM_LABELS.get(r["system"], r["system"]) for r in shown]
+        left.barh(labels, [r["throughput"] for r in shown], color="tab:blue")
+        left.set_xlabel(f"{shown[0]['unit'] if shown else ''} per second")
+        left.set_title(f"{workload}: throughput")
+        left.invert_yaxis()
+        with_bytes = [r for r in shown if "analytic" in r]
+        names = [SYSTEM_LABELS.get(r["system"], r["system"]) for r in with_bytes]
+        busiest = [max(m[d] for m in r["measured"] for d in ("tx", "rx")) / 1e6
+                   for r in with_bytes]
+        expected = [max(a[d] for a in r["analytic"] for d in ("tx", "rx")) / 1e6
+                    for r in with_bytes]
+        positions = range(len(with_bytes))
+        right.barh([p - 0.2 for p in positions], busiest, height=0.4, label="measured")
+        right.barh([p + 0.2 for p in positions], expected, height=0.4, label="Table 3")
+        right.set_yticks(list(positions), names)
+        right.set_xscale("log")
+        right.set_xlabel("MB per step, busiest host link direction")
+        right.set_title(f"{workload}: bytes per step")
+        right.invert_yaxis()
+        right.legend()
+        figure.tight_layout()
+        figure.savefig(os.path.join(out, f"{workload}.png"), dpi=110)
+        plt.close(figure)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__),
+                                                             "results")
+    with open(os.path.join(out, "summary.json")) as summary:
+        write(json.load(summary), out)
+    print(os.path.join(out, "results.md"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Benchmark Parallax against Horovod and TensorFlow's parameter servers on an emulated cluster
+(network namespaces with rate-limited links, scripts/emulated_cluster.sh; needs root), then
+write the report (report.py). Every system trains the same models (workloads.py) in the same
+virtualenv, one job after another on the same hosts.
+
+    python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit]
+                             [--workloads cnn lm nmt] [--systems ...] [--no-ablation]
+                             [--out benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, List
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+sys.path.insert(0, REPO)
+
+from runner.process import JobFailed, ProcessSpec, run_processes  # noqa: E402
+from runner.ssh import SSHConfig  # noqa: E402
+
+import report  # noqa: E402
+
+CLUSTER_SCRIPT = os.path.join(REPO, "scripts", "emulated_cluster.sh")
+SUBNET = "10.213.0"
+PS_OFF_ALL = ["local_aggregation", "post_aggregation_placement",
+              "boundary_between_workers_and_servers"]
+
+
+@dataclasses.dataclass
+class Setup:
+    hosts: int
+    workers_per_host: int
+    state: str  # the emulated cluster's state folder
+    measure_args: List[str]
+
+    def address(self, host: int) -> str:
+        return f"{SUBNET}.{host + 2}"
+
+    @property
+    def ssh(self) -> SSHConfig:
+        return SSHConfig(options=["-F", os.path.join(self.state, "ssh_config")],
+                         connect_timeout=5)
+
+
+def _parallax(run_option, ps_off=()):
+    def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
+        resources = ";".join(
+            f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
+            for h in range(setup.hosts))
+        argv = [sys.executable, os.path.join(BENCH, "parallax_job.py"), "--workload", workload,
+                "--resources", resources, "--run-option", run_option, "--out", out,
+                *setup.measure_args]
+        if ps_off:
+            argv += ["--ps-off", *ps_off]
+        env = {"PARALLAX_SSH_OPTIONS": f"-F {os.path.join(setup.state, 'ssh_config')}"}
+        return [ProcessSpec("parallax", argv, env, cwd=REPO)]
+    return specs
+
+
+def _horovod(sparse_as_dense):
+    """horovodrun started inside the first host, as a user logged in there would: a driver
+    outside the cluster would hand out an address the hosts cannot use for rendezvous."""
+    def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
+        hosts = ",".join(f"h{h + 1}:{setup.workers_per_host}" for h in range(setup.hosts))
+        argv = [os.path.join(os.path.dirname(sys.executable), "horovodrun"),
+                "-np", str(setup.hosts * setup.workers_per_host), "-H", hosts, "--gloo",
+                "--ssh-identity-file", os.path.join(setup.state, "id_ed25519"),
+                sys.executable, os.path.join(BENCH, "horovod_job.py"), "--workload", workload,
+                "--out", out, *setup.measure_args]
+        if sparse_as_dense:
+            argv.append("--sparse-as-dense")
+        return [ProcessSpec("horovodrun", argv, {}, cwd=REPO, host=setup.address(0),
+                            ssh=setup.ssh)]
+    return specs
+
+
+def _tf_ps(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
+    """One ps task and G worker tasks a host, each started over ssh."""
+    g = setup.workers_per_host
+    ps = [f"{setup.address(h)}:2222" for h in range(setup.hosts)]
+    workers = [f"{setup.address(h)}:{2223 + i}" for h in range(setup.hosts) for i in range(g)]
+    common = [sys.executable, os.path.join(BENCH, "tf_ps_job.py"), "--workload", workload,
+              "--ps", ",".join(ps), "--workers", ",".join(workers), "--out", out,
+              *setup.measure_args]
+    specs = [ProcessSpec(f"ps{h}", common + ["--job", "ps", "--task", str(h)], {}, cwd=REPO,
+                         host=setup.address(h), ssh=setup.ssh, service=True)
+             for h in range(setup.hosts)]
+    specs += [ProcessSpec(f"worker{t}", common + ["--job", "worker", "--task", str(t)], {},
+                          cwd=REPO, host=setup.address(t // g), ssh=setup.ssh)
+              for t in range(len(workers))]
+    return specs
+
+
+def _single(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
+    argv = [sys.executable, os.path.join(BENCH, "single_job.py"), "--workload", workload,
+            "--out", out, *setup.measure_args]
+    return [ProcessSpec("single", argv, {}, cwd=REPO)]
+
+
+SpecsFn = Callable[[Setup, str, str], List[ProcessSpec]]
+SYSTEMS = {  # name -> how to start it
+    "parallax-hybrid": _parallax("HYBRID"),
+    "parallax-ar": _parallax("AR"),
+    "parallax-ps": _parallax("PS"),
+    "horovod": _horovod(sparse_as_dense=False),
+    "horovod-sparse-as-dense": _horovod(sparse_as_dense=True),
+    "tf-ps": _tf_ps,
+}
+ABLATION = {  # Table 4, cumulative; the last stage is parallax-hybrid itself
+    "ablation-ps-base": _parallax("PS", PS_OFF_ALL),
+    "ablation+hybrid": _parallax("HYBRID", PS_OFF_ALL),
+    "ablation+local-aggregation": _parallax("HYBRID", PS_OFF_ALL[1:]),
+    "ablation+post-aggregation-placement": _parallax("HYBRID", PS_OFF_ALL[2:]),
+}
+ABLATION_WORKLOADS = ("lm", "nmt")
+
+
+def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
+            timeout: float) -> dict:
+    raw = os.path.join(out, "raw", workload, name)
+    shutil.rmtree(raw, ignore_errors=True)
+    os.makedirs(raw)
+    specs = specs_fn(setup, workload, raw)
+    for spec in specs:
+        spec.log_file = os.path.join(raw, "log.txt")
+    print(f"[bench] {workload:4s} {name} ...", flush=True)
+    started = time.monotonic()
+    error = None
+    try:
+        run_processes(specs, timeout=timeout)
+    except JobFailed as failure:
+        error = str(failure).splitlines()[0]
+    finally:
+        _stop_leftovers(setup)
+    records = [json.load(open(path)) for path in sorted(glob.glob(os.path.join(raw, "*.json")))]
+    hosts = 1 if name == "single" else setup.hosts
+    if error is None and not (any(r["is_chief"] for r in records)
+                              and len({r["host"] for r in records}) == hosts):
+        error = f"no record from the chief or from some host ({len(records)} records)"
+    print(f"[bench] {workload:4s} {name}: {'failed: ' + error if error else 'done'} "
+          f"({time.monotonic() - started:.0f} s; log {raw}/log.txt)", flush=True)
+    return {"system": name, "workload": workload, "error": error, "records": records}
+
+
+def _stop_leftovers(setup: Setup) -> None:
+    """Whatever a system left behind on a host (horovodrun's remote commands are not tied to
+    its ssh sessions) is killed, so the next job starts on idle hosts; sshd stays."""
+    for host in range(1, setup.hosts + 1):
+        keep = {int(open(path).read()) for path in glob.glob(
+            os.path.join(setup.state, f"sshd-{host}.pid"))}
+        pids = subprocess.run(["ip", "netns", "pids", f"pxh{host}"], capture_output=True,
+                              text=True).stdout.split()
+        for pid in map(int, pids):
+            if pid not in keep:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _transform_time() -> dict:
+    print("[bench] transforming a ResNet-50 graph ...", flush=True)
+    result = subprocess.run([sys.executable, os.path.join(BENCH, "transform_time.py")],
+                            capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--workers-per-host", type=int, default=2)
+    parser.add_argument("--rate", default="100mbit", help="each host's link, both ways (tc)")
+    parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
+    parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt"],
+                        choices=["cnn", "lm", "nmt"])
+    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument("--no-ablation", action="store_true")
+    parser.add_argument("--out", default=os.path.join(BENCH, "results"))
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--window", type=int, default=10)
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per job")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("benchmarks/run.py needs root: the emulated cluster is made of network "
+                 "namespaces")
+    state = os.environ.get("PARALLAX_BENCH_CLUSTER_DIR", "/tmp/parallax-bench-cluster")
+    setup = Setup(args.hosts, args.workers_per_host, state,
+                  ["--warmup", str(args.warmup), "--window", str(args.window),
+                   "--windows", str(args.windows)])
+    shape = ["--rate", args.rate] + (["--delay", args.delay] if args.delay else [])
+    cluster_env = dict(os.environ, PARALLAX_CLUSTER_DIR=state)
+    os.makedirs(args.out, exist_ok=True)
+    results = []
+    try:
+        subprocess.run(["bash", CLUSTER_SCRIPT, "up", str(args.hosts), *shape],
+                       env=cluster_env, check=True, stdout=subprocess.DEVNULL)
+        for workload in args.workloads:
+            results.append(run_job("single", _single, setup, workload, args.out, args.timeout))
+            jobs = {name: SYSTEMS[name] for name in args.systems}
+            if not args.no_ablation and workload in ABLATION_WORKLOADS:
+                jobs.update(ABLATION)
+            for name, specs_fn in jobs.items():
+                results.append(run_job(name, specs_fn, setup, workload, args.out, args.timeout))
+    finally:
+        subprocess.run(["bash", CLUSTER_SCRIPT, "down"], env=cluster_env, check=True)
+    summary = {"transform": _transform_time(), "hosts": args.hosts,
+               "workers_per_host": args.workers_per_host,
+               "rate": args.rate, "delay": args.delay, "measure": setup.measure_args,
+               "results": results}
+    with open(os.path.join(args.out, "summary.json"), "w") as out:
+        json.dump(summary, out, indent=1)
+    report.write(summary, args.out)
+    print(f"[bench] report: {os.path.join(args.out, 'results.md')}")
+
+
+if __name__ == "__main__":
+    main()
