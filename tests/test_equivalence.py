@@ -22,6 +22,7 @@ JOBS = {
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
         "boundary_between_workers_and_servers"]),
     "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
+    "PS-lstm": ("lstm", TWO_MACHINES, ["--run-option", "PS"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
 }
@@ -55,6 +56,8 @@ def test_workers_equal_single_device(job, config):
         names = {k[len("var/"):] for k in saved.files if k.startswith("var/")}
         assert names == set(expected), f"worker {worker} has other variables than single-device"
         for name, value in expected.items():
+            if name.endswith("seed_generator_state"):
+                continue  # Keras's RNG state for dropout (none here): advanced by each worker
             np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{config}: {name} on worker {worker}")
 

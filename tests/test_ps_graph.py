@@ -204,7 +204,8 @@ def test_boundary_leaves_ops_on_the_servers_machine_alone():
 
 def test_a_loop_reading_server_variables_stays_on_the_worker():
     """A Keras LSTM is a While op that takes the kernels' handles: in PS mode the kernels go to
-    a server, the loop (the model's compute) stays on the worker."""
+    a server, the loop (the model's compute) stays on the worker and reads a copy of them made
+    on the worker once a step, not the server's variables at every iteration."""
     import keras
 
     graph = tf.Graph()
@@ -218,8 +219,12 @@ def test_a_loop_reading_server_variables_stays_on_the_worker():
     loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
     assert loops and {op.device for op in loops} == {"/job:worker/task:2"}
     kernels = [op for op in graph.get_operations() if op.type == "VarHandleOp"
-               and "kernel" in op.name]
+               and op.name.startswith("lstm/")]
     assert kernels and all(op.device.startswith("/job:ps/") for op in kernels)
+    handles = [t.op for loop in loops for t in loop.inputs if t.dtype == tf.resource]
+    assert handles and {op.device for op in handles} == {"/job:worker/task:2"}
+    refreshes = {c.type for loop in loops for c in loop.control_inputs}
+    assert refreshes == {"AssignVariableOp"}
 
 
 @pytest.mark.parametrize("boundary", [True, False])

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from parallax.passes.allreduce import allreduce_gradients, broadcast_initial_values
 from parallax.passes.boundary import place_boundary_ops
+from parallax.passes.loop_reads import copy_loop_reads_to_worker
 from parallax.passes.placement import place_post_aggregation_ops
 from parallax.passes.ps import aggregate_on_servers, place_variables_on_servers
 from parallax.passes.replicate import pin_to_worker, separate_runner_state
@@ -17,8 +18,8 @@ from parallax.plan import Plan
 
 _ALLREDUCE = (allreduce_gradients, broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
-       place_post_aggregation_ops, place_boundary_ops, gather_unique_rows, synchronize_steps,
-       separate_runner_state)
+       copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
+       gather_unique_rows, synchronize_steps, separate_runner_state)
 _PIPELINES = {
     "AR": _ALLREDUCE,
     "PS": _PS,

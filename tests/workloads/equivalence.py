@@ -59,6 +59,13 @@ def _keras_initial(shape, seed):
     return keras.initializers.Constant(np.random.RandomState(seed).randn(*shape) * 0.5)
 
 
+def _lstm(sequence):
+    """A Keras 3 LSTM over the looked-up ids: a while loop reading its kernels each step."""
+    return keras.layers.LSTM(
+        HIDDEN, kernel_initializer=_keras_initial([EMBED, 4 * HIDDEN], 5),
+        recurrent_initializer=_keras_initial([HIDDEN, 4 * HIDDEN], 6))(sequence)
+
+
 def build(model, config, batch, shard, loss_scale=1.0):
     """The single-device graph: same code for the reference and for every worker."""
     optimizer_name, _, clip = config.partition("+")
@@ -69,11 +76,12 @@ def build(model, config, batch, shard, loss_scale=1.0):
             dataset = parallax.shard(dataset)
         inputs = tf.compat.v1.data.make_one_shot_iterator(dataset.batch(batch)).get_next()
         features = inputs["x"]
-        if model == "sparse":
+        if model in ("sparse", "lstm"):
             embedding = tf.compat.v1.get_variable(
                 "embedding", [VOCAB, EMBED], initializer=_initial([VOCAB, EMBED], 1))
             looked_up = tf.nn.embedding_lookup(embedding, inputs["ids"])
-            features = tf.concat([features, tf.reduce_mean(looked_up, axis=1)], axis=1)
+            summary = _lstm(looked_up) if model == "lstm" else tf.reduce_mean(looked_up, axis=1)
+            features = tf.concat([features, summary], axis=1)
         if model == "keras":
             logits = _keras_logits(features)
         else:
@@ -131,7 +139,7 @@ def train_single_device(model, config, batch, loss_scale=1.0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["dense", "sparse", "keras"], required=True)
+    parser.add_argument("--model", choices=["dense", "sparse", "keras", "lstm"], required=True)
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)

@@ -1,0 +1,63 @@
+"""The benchmark harness: its Table 3 arithmetic, and one short run of it on the emulated
+cluster (the benchmark's numbers are its own business; here it must run and report)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from test_cluster import reason as no_cluster_reason
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import analytic  # noqa: E402
+import report  # noqa: E402
+
+DENSE = {"name": "w", "bytes": 1000, "rows": None}
+SPARSE = {"name": "e", "bytes": 10 ** 6, "rows": 30, "unique_rows": [10, 18],
+          "row_bytes": 100, "index_bytes": 8}
+
+
+def test_one_worker_a_host_gives_the_papers_per_gpu_figures():
+    n = 4
+    ring = analytic.host_bytes([DENSE], {"w": (analytic.ALLREDUCE, None)}, n, 1)
+    assert all(link["tx"] + link["rx"] == pytest.approx(4 * 1000 * (n - 1) / n) for link in ring)
+    gather = analytic.host_bytes([SPARSE], {"e": (analytic.ALLGATHER, None)}, n, 1)
+    assert all(link["tx"] == 30 * 108 * (n - 1) for link in gather)
+    ps = analytic.host_bytes([DENSE], {"w": (analytic.PS, 0)}, n, 1)
+    assert ps[1] == {"tx": 1000, "rx": 1000}  # a worker pushes w and pulls w
+    assert ps[0] == {"tx": 3000, "rx": 3000}  # the server's host serves the three others
+
+
+def test_parallax_sends_unique_rows_and_one_summed_message_a_machine():
+    sync = {"e": (analytic.PS, 0)}
+    plain = analytic.host_bytes([SPARSE], sync, 2, 2)
+    assert plain[1] == {"tx": 2 * 30 * 108, "rx": 2 * 30 * 100}
+    optimized = analytic.host_bytes([SPARSE], sync, 2, 2, unique_pulls=True, summed_pushes=True)
+    assert optimized[1] == {"tx": 18 * 108, "rx": 2 * 10 * 100}
+    assert optimized[0] == {"tx": 2 * 10 * 100, "rx": 18 * 108}
+
+
+def test_rates_are_read_as_tc_writes_them():
+    assert report.rate_bytes_per_second("100mbit") == 12.5e6
+    assert report.rate_bytes_per_second("1gbit") == 125e6
+    with pytest.raises(ValueError, match="100mbit"):
+        report.rate_bytes_per_second("100MB")
+
+
+@pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
+def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
+    env = dict(os.environ, PARALLAX_BENCH_CLUSTER_DIR="/tmp/parallax-test-bench")
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "run.py"), "--workloads", "lm",
+         "--systems", "parallax-hybrid", "horovod", "tf-ps", "--no-ablation", "--warmup", "1",
+         "--window", "2", "--windows", "1", "--rate", "1gbit", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = (tmp_path / "results.md").read_text()
+    for label in ("Parallax HYBRID", "Horovod", "TF-PS", "1 worker"):
+        assert label in text
+    assert "failed" not in text, text
+    assert (tmp_path / "lm.png").stat().st_size > 0
+    assert not subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True).stdout.strip()
