@@ -139,6 +139,8 @@ def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
     try:
         run_processes(specs, timeout=timeout)
     except JobFailed as failure:
+        if failure.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            raise SystemExit(f"benchmark stopped: {failure}") from failure
         error = str(failure).splitlines()[0]
     finally:
         _stop_leftovers(setup)

@@ -50,3 +50,7 @@ def _sizes(session, variables, gradients, batches=4):
                                      for k in range(1, batches + 1)])
         sizes.append(size)
     return sizes
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ several worker tasks per host, each started by hand (here: by the benchmark harn
         --workers h1:2223,h1:2224,h2:2223,h2:2224 --job worker --task 0 --out DIR
 """
 import argparse
+import os
 import time
 
 import tensorflow as tf
@@ -41,7 +42,8 @@ def main():
             total_num_replicas=num_workers)
         train_op = workload.minimize(loss, optimizer, global_step)
         ready = tf.compat.v1.Variable(0, trainable=False, name="workers_ready")
-        report_ready = ready.assign_add(1)
+        done = tf.compat.v1.Variable(0, trainable=False, name="workers_done")
+        report_ready, report_done = ready.assign_add(1), done.assign_add(1)
     config = session_config()
     config.device_filters.extend(["/job:ps", f"/job:worker/task:{args.task}"])
     with tf.compat.v1.train.MonitoredTrainingSession(
@@ -56,6 +58,19 @@ def main():
         meter.measure(lambda: session.run(train_op), args.out, is_chief, args.warmup,
                       args.window, args.windows, system="tf-ps", workers=num_workers,
                       placement=meter.placement(train_op.graph), **workload.details(num_workers))
+        # SyncReplicasOptimizer counts gradients, not workers: a worker that left would leave
+        # the others waiting for gradients forever. Everyone trains on until all are done; a
+        # step still waiting when the last one left gives up after a while.
+        session.run(report_done)
+        give_up = tf.compat.v1.RunOptions(timeout_in_ms=10_000)
+        try:
+            while session.run(done) < num_workers:
+                session.run(train_op, options=give_up)
+        except tf.errors.DeadlineExceededError:
+            pass
+        # Closing the session would wait for the chief's queue runner, blocked on gradients
+        # that no longer come; the records are written.
+        os._exit(0)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":
