@@ -46,7 +46,7 @@ shape() {
     if [ -n "$rate" ]; then
         # A burst of a few MTUs keeps the rate exact at the scale of a step; a queue of
         # 500 ms of traffic absorbs TCP bursts without drops.
-        $tc qdisc add dev "$dev" $parent handle 2: tbf rate "$rate" burst 64kb latency 500ms
+        $tc qdisc add dev "$dev" $parent handle 2: tbf rate "$rate" burst 64kb latency 20ms
     fi
 }
 
