@@ -15,18 +15,23 @@ boundary placement does, when p counts unique rows, the paper's alpha * w):
         workers' rows summed by id, q_G (the distinct ids of G batches): host s receives
         (H-1)q_G, every other host sends q_G.
 Summed over one host link, these equal the per-GPU figures of Table 3 (2w, 4w(N-1)/N, 2aw,
-2aw(N-1)) when G = 1.
+2aw(N-1)) when G = 1. Two facts of the wire that Table 3 leaves out are added: a variable on a
+server that a while loop reads is pulled at every iteration (T times), unless the system copies
+it to the worker once a step, as Parallax does; and TCP/IP over Ethernet frames each 1448-byte
+segment with 66 bytes of headers and acknowledges every second segment with a 66-byte packet
+the other way.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
 ALLREDUCE, ALLGATHER, PS = "allreduce", "allgather", "ps"
+SEGMENT, HEADERS = 1448, 66
 
 
 def host_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], hosts: int,
                workers_per_host: int, unique_pulls: bool = False,
-               summed_pushes: bool = False) -> List[Dict[str, float]]:
+               summed_pushes: bool = False, loop_copies: bool = False) -> List[Dict[str, float]]:
     """[{tx, rx}] per host. `variables`: {name, bytes, rows, unique_rows, row_bytes,
     index_bytes} (rows is None for a dense variable; unique_rows[k-1]: distinct ids in k
     workers' batches); `sync`: name -> (how, server host for PS)."""
@@ -37,6 +42,8 @@ def host_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]]
         sparse = variable["rows"] is not None and how != ALLREDUCE
         if not sparse:
             pull = push = variable["bytes"]
+            if how == PS and not loop_copies:
+                pull *= variable["reads"]
         else:
             pulled_rows = variable["unique_rows"][0] if unique_pulls else variable["rows"]
             pull = pulled_rows * variable["row_bytes"]
@@ -57,3 +64,10 @@ def host_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]]
             link["tx"] += sent
             link["rx"] += received
     return links
+
+
+def on_the_wire(payload: Dict[str, float]) -> Dict[str, float]:
+    """A link's payload bytes (tx, rx) as the interface counts them, framing included."""
+    def framed(own, other):
+        return own * (1 + HEADERS / SEGMENT) + other / SEGMENT / 2 * HEADERS
+    return {"tx": framed(payload["tx"], payload["rx"]), "rx": framed(payload["rx"], payload["tx"])}

@@ -4,8 +4,8 @@ users change around the model (sharding the input, wrapping the optimizer) diffe
 
     cnn: dense, a small ResNet-style CNN (Keras 3 Conv2D/Dense layers) on 32x32 images.
     lm:  sparse, LM1B-like: 100k x 64 input embedding, an LSTM, sampled softmax over a
-         100k-row output embedding (Adagrad, gradients clipped by global norm, as the LM1B
-         reference).
+         100k-row output embedding (Adagrad, gradients clipped by global norm; the tables
+         split in shards, as the LM1B reference does for its parameter servers).
     nmt: mixed, encoder-decoder: 50k source and 20k target embeddings, LSTM encoder and
          decoder, sampled softmax over the target vocabulary (Adam, clipped).
 """
@@ -30,6 +30,7 @@ class Workload:
     build_loss: Callable[[tuple], tf.Tensor]  # a batch from the dataset -> scalar loss
     make_optimizer: Callable[[], tf.compat.v1.train.Optimizer]
     clip_norm: Optional[float] = None  # clip_by_global_norm, as the LM and NMT references do
+    loop_steps: int = 0  # iterations of its recurrent loops (a variable read there, each time)
 
     def details(self, workers: int) -> dict:
         """What a benchmark record says about the workload a step of `workers` trained."""
@@ -97,22 +98,33 @@ def _lm_dataset(seed, examples=512):
     return tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
 
 
+# Tables are split in row shards (tf.compat.v1 partitioned variables), each its own variable,
+# so that a system with several parameter servers can spread one table's traffic over them;
+# id i is row i // SHARDS of shard i % SHARDS ('mod'), so frequent words spread over shards.
+SHARDS = 4
+
+
+def _sharded():
+    return tf.compat.v1.fixed_size_partitioner(SHARDS)
+
+
 def _sampled_softmax(hidden, labels, vocab, name):
     weights = tf.compat.v1.get_variable(
-        f"{name}_softmax_w", [vocab, hidden.shape[-1]],
+        f"{name}_softmax_w", [vocab, hidden.shape[-1]], partitioner=_sharded(),
         initializer=tf.compat.v1.random_normal_initializer(stddev=hidden.shape[-1] ** -0.5))
-    biases = tf.compat.v1.get_variable(f"{name}_softmax_b", [vocab],
+    biases = tf.compat.v1.get_variable(f"{name}_softmax_b", [vocab], partitioner=_sharded(),
                                        initializer=tf.compat.v1.zeros_initializer())
-    return tf.reduce_mean(tf.nn.sampled_softmax_loss(
+    return tf.reduce_mean(tf.compat.v1.nn.sampled_softmax_loss(
         weights=weights, biases=biases, labels=tf.reshape(labels, [-1, 1]),
         inputs=tf.reshape(hidden, [-1, hidden.shape[-1]]), num_sampled=LM_SAMPLED,
-        num_classes=vocab))
+        num_classes=vocab, partition_strategy="mod"))
 
 
 def _embedding(name, vocab, ids):
     table = tf.compat.v1.get_variable(
-        name, [vocab, LM_DIM], initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1))
-    return tf.nn.embedding_lookup(table, ids)
+        name, [vocab, LM_DIM], partitioner=_sharded(),
+        initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1))
+    return tf.compat.v1.nn.embedding_lookup(table, ids, partition_strategy="mod")
 
 
 def _lm_loss(batch):
@@ -148,9 +160,11 @@ WORKLOADS = {
     "cnn": Workload("cnn", "dense", 32, "images", 1, _cnn_dataset, _cnn_loss,
                     lambda: tf.compat.v1.train.MomentumOptimizer(0.01, 0.9)),
     "lm": Workload("lm", "sparse", 32, "words", LM_STEPS, _lm_dataset, _lm_loss,
-                   lambda: tf.compat.v1.train.AdagradOptimizer(0.2), clip_norm=1.0),
+                   lambda: tf.compat.v1.train.AdagradOptimizer(0.2), clip_norm=1.0,
+                   loop_steps=LM_STEPS),
     "nmt": Workload("nmt", "mixed", 32, "words", NMT_STEPS, _nmt_dataset, _nmt_loss,
-                    lambda: tf.compat.v1.train.AdamOptimizer(1e-3), clip_norm=5.0),
+                    lambda: tf.compat.v1.train.AdamOptimizer(1e-3), clip_norm=5.0,
+                    loop_steps=NMT_STEPS),
 }
 
 

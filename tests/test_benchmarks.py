@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import analytic  # noqa: E402
 import report  # noqa: E402
 
-DENSE = {"name": "w", "bytes": 1000, "rows": None}
+DENSE = {"name": "w", "bytes": 1000, "rows": None, "reads": 1}
 SPARSE = {"name": "e", "bytes": 10 ** 6, "rows": 30, "unique_rows": [10, 18],
           "row_bytes": 100, "index_bytes": 8}
 
@@ -36,6 +36,18 @@ def test_parallax_sends_unique_rows_and_one_summed_message_a_machine():
     optimized = analytic.host_bytes([SPARSE], sync, 2, 2, unique_pulls=True, summed_pushes=True)
     assert optimized[1] == {"tx": 18 * 108, "rx": 2 * 10 * 100}
     assert optimized[0] == {"tx": 2 * 10 * 100, "rx": 18 * 108}
+
+
+def test_a_loop_reads_a_server_variable_at_every_iteration_unless_copied():
+    looped = dict(DENSE, reads=20)
+    sync = {"w": (analytic.PS, 0)}
+    assert analytic.host_bytes([looped], sync, 2, 1)[1]["rx"] == 20 * 1000
+    assert analytic.host_bytes([looped], sync, 2, 1, loop_copies=True)[1]["rx"] == 1000
+
+
+def test_on_the_wire_adds_headers_and_acknowledgements():
+    wire = analytic.on_the_wire({"tx": 1448 * 100, "rx": 0})
+    assert wire == {"tx": 1514 * 100, "rx": 66 * 50}
 
 
 def test_rates_are_read_as_tc_writes_them():
