@@ -78,12 +78,13 @@ def test_hybrid_places_dense_on_workers_and_sparse_on_servers():
     assert "embedding" in text and "server" in text and "every worker (replica)" in text
 
 
-def test_post_aggregation_ops_follow_their_inputs():
+@pytest.mark.parametrize("config_name", ["sgd+clip", "adam+clip"])  # Adam: through its slots
+def test_post_aggregation_ops_follow_their_inputs(config_name):
     """clip_by_global_norm in HYBRID: norms of sparse gradients beside them on their server,
     the global norm (inputs from several processes) on the first server, each clip with its
     own gradient (paper Figure 9). Without local aggregation: with it, each worker computes its
     share of the sparse norm before pushing (next test)."""
-    graph, plan = _transformed(0, "sgd+clip", run_option="HYBRID", local_aggregation=False)
+    graph, plan = _transformed(0, config_name, run_option="HYBRID", local_aggregation=False)
     server = plan.cluster.server_device(plan.variables["embedding"].server)
     ops = graph.get_operations()
     global_norm = [op for op in ops if op.name.endswith("global_norm/global_norm")]

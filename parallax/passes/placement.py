@@ -19,8 +19,11 @@ def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
     if not (plan.cluster.has_servers and plan.ps_config.post_aggregation_placement):
         return graph
     starts = {graph.get_tensor_by_name(name).op for name in read_aggregated(graph).values()}
-    updates = {graph.get_operation_by_name(name) for var_plan in plan.variables.values()
-               for name in var_plan.variable.update_ops}
+    # The writes of optimizer slots count as updates: Adam's sparse update reaches the
+    # variable from the gradient only through its slots (scatter into m, then read m).
+    updates = {graph.get_operation_by_name(name) for name in plan.server_writes}
+    updates |= {graph.get_operation_by_name(name) for var_plan in plan.variables.values()
+                for name in var_plan.variable.update_ops}
     region = _between(starts, updates)
     shared = set()
     for op in _topological(region):
