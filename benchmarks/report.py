@@ -160,12 +160,15 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]
             lines.append(f"- (a) cnn: Parallax HYBRID / Horovod = {hybrid / horovod:.3f} "
                          f"(target >= 0.97): {'met' if hybrid >= 0.97 * horovod else 'NOT met'}")
     deviations = [(w, r["system"], r["deviation"]) for w, rs in rows.items() for r in rs
-                  if "deviation" in r]
+                  if "deviation" in r and not r["system"].startswith("ablation")]
     if deviations:
         worst = max(deviations, key=lambda d: d[2])
         within = sum(d[2] <= 0.10 for d in deviations)
-        lines.append(f"- measured bytes within 10% of Table 3: {within} of {len(deviations)} "
-                     f"jobs; worst {100 * worst[2]:.1f}% ({worst[1]} on {worst[0]})")
+        lines.append(f"- measured bytes within 10% of the analytic figure: {within} of "
+                     f"{len(deviations)} jobs (every system and mode); worst "
+                     f"{100 * worst[2]:.1f}% ({SYSTEM_LABELS.get(worst[1], worst[1])} on "
+                     f"{worst[0]}). The ablation stages are left out: with an optimization "
+                     "off, the traffic it removes is what the difference shows.")
     if transform:
         slowest = max(transform["seconds"].values())
         lines.append(f"- transforming {transform['model']} ({transform['ops']} ops, "

@@ -177,6 +177,20 @@ def _transform_time() -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _kept_results(out: str, rerun: List[str], args) -> List[dict]:
+    """The results of the workloads not run this time from the folder's previous summary, when
+    it was measured on the same cluster: rerunning one workload updates its part of the
+    report."""
+    path = os.path.join(out, "summary.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as previous_file:
+        previous = json.load(previous_file)
+    same = [previous.get(k) for k in ("hosts", "workers_per_host", "rate", "delay")] == [
+        args.hosts, args.workers_per_host, args.rate, args.delay]
+    return [r for r in previous["results"] if r["workload"] not in rerun] if same else []
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,7 +234,7 @@ def main():
     summary = {"transform": _transform_time(), "hosts": args.hosts,
                "workers_per_host": args.workers_per_host,
                "rate": args.rate, "delay": args.delay, "measure": setup.measure_args,
-               "results": results}
+               "results": _kept_results(args.out, args.workloads, args) + results}
     with open(os.path.join(args.out, "summary.json"), "w") as out:
         json.dump(summary, out, indent=1)
     report.write(summary, args.out)
