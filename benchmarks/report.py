@@ -154,6 +154,15 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]
             lines.append(f"- (b) lm: Parallax HYBRID / best of Horovod and TF-PS = "
                          f"{hybrid / best:.2f} (target >= 2): "
                          f"{'met' if hybrid >= 2 * best else 'NOT met'}")
+        measured = [r for r in rows["lm"] if "link_bound_ratio" in r]
+        single = next((r for r in rows["lm"] if r["system"] == "single" and not r["error"]), None)
+        if measured and single:
+            slowest = max(measured, key=lambda r: r["step_ms"])
+            lines.append(f"- the link rate: on (b) lm the slowest system "
+                         f"({SYSTEM_LABELS[slowest['system']]}, {slowest['step_ms']:.0f} ms a "
+                         f"step) has its busiest link busy {slowest['link_bound_ratio']:.0%} of "
+                         f"the step (target >= 50%); one worker computes a step in "
+                         f"{single['step_ms']:.0f} ms")
     if "cnn" in rows:
         hybrid, horovod = (_throughput(rows["cnn"], s) for s in ("parallax-hybrid", "horovod"))
         if hybrid and horovod:
