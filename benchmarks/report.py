@@ -62,6 +62,12 @@ def _chief(result: dict) -> dict:
     return next(r for r in result["records"] if r["is_chief"])
 
 
+def _median_throughput(record: dict) -> float:
+    steps = record["window_steps"]
+    return statistics.median(record["units_per_step"] * steps / s
+                             for s in record["window_seconds"])
+
+
 def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     """One row: throughput, speedup, bytes per host link (measured, analytic), link use."""
     row = {"system": result["system"], "error": result["error"]}
@@ -69,14 +75,12 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
         return row
     chief = _chief(result)
     steps = chief["window_steps"]
-    per_window = [chief["units_per_step"] * steps / s for s in chief["window_seconds"]]
-    row.update(unit=chief["unit"], throughput=statistics.median(per_window),
+    row.update(unit=chief["unit"], throughput=_median_throughput(chief),
                step_ms=1000 * statistics.median(chief["window_seconds"]) / steps)
-    single_row = summarize(single, None, summary) if single and result is not single else None
-    if single_row and single_row.get("throughput"):
-        row["speedup"] = row["throughput"] / single_row["throughput"]
     if result["system"] == "single":
         return row
+    if single:
+        row["speedup"] = row["throughput"] / _median_throughput(_chief(single))
     measured = {}
     for record in result["records"]:  # any worker of a host reads that host's link
         if record["host"] not in measured:
