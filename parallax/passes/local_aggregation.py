@@ -21,7 +21,7 @@ def push_through_machine(parts, key, plan: Plan, server_queue):
         with tf.device(machine_device), tf.control_dependencies([push]):
             local_workers = len(cluster.workers_on(cluster.machine))
             machine_sum = concat_slices([machine_queue.dequeue() for _ in range(local_workers)])
-            if len(parts) == 3:  # rows summed by id: the machine's rows of one id become one
+            if row_sums.carries_norm(parts):  # the machine's rows of one id become one
                 machine_sum[:2] = row_sums.sum_rows(*machine_sum[:2])
         push = server_queue.enqueue(machine_sum)
     return push, cluster.num_machines

@@ -80,7 +80,7 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 for old, new, old_consumers in zip(parts, aggregated, consumers):
                     reroute(old, new, old_consumers)
                     record_aggregated(old, new)
-                if len(aggregated) == 3:
+                if row_sums.carries_norm(aggregated):
                     row_sums.use_carried_norm(consumers[0], aggregated[2])
     return graph
 
@@ -125,7 +125,7 @@ def _take(queue, parts, producers, own_push, average, num_workers):
             aggregated = concat_slices([queue.dequeue() for _ in range(producers)])
     if average:
         aggregated[0] = aggregated[0] / tf.cast(num_workers, aggregated[0].dtype)
-        if len(aggregated) == 3:  # the norm share of rows scaled by 1/N
+        if row_sums.carries_norm(aggregated):  # the norm share of rows scaled by 1/N
             aggregated[2] = aggregated[2] / tf.cast(num_workers ** 2, aggregated[2].dtype)
     return aggregated
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from parallax.passes import row_sums
+
 
 def shared_queue(parts, name, device):
     """A queue every worker's graph names alike, so that they all reach the same one. It holds
@@ -19,6 +21,6 @@ def concat_slices(items):
     carried with rows summed by id (row_sums.py), is added up."""
     combined = [tf.concat([item[0] for item in items], axis=0),
                 tf.concat([item[1] for item in items], axis=0)]
-    if len(items[0]) == 3:
+    if row_sums.carries_norm(items[0]):
         combined.append(tf.add_n([item[2] for item in items]))
     return combined

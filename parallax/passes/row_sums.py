@@ -34,6 +34,12 @@ def _only_row_adders(tensor: tf.Tensor, norm_ok: bool) -> bool:
     return True
 
 
+def carries_norm(parts) -> bool:
+    """Whether a pushed or aggregated gradient is [summed values, unique ids, norm share]
+    rather than [values, ids] or [dense]."""
+    return len(parts) == 3
+
+
 def sum_rows(values: tf.Tensor, indices: tf.Tensor):
     unique_indices, positions = tf.unique(indices)
     return [tf.math.unsorted_segment_sum(values, positions, tf.shape(unique_indices)[0]),
