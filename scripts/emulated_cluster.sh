@@ -29,6 +29,17 @@ down() {
         ip netns delete "$ns"
         rm -rf "/etc/netns/$ns"
     done
+    # Deleting a namespace frees its end of a veth pair later, in the kernel's cleanup work, and
+    # the next 'up' would find the bridge end still there (RTNETLINK: File exists). Deleting the
+    # bridge end removes both ends at once; then wait until the kernel shows none.
+    local tries=0
+    while links=$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
+                  grep -E '^(pxv|pxe)[0-9]+$' || true); [ -n "$links" ]; do
+        for link in $links; do ip link delete "$link" 2>/dev/null || true; done
+        tries=$((tries + 1))
+        [ $tries -lt 100 ] || { echo "emulated_cluster: links $links do not go away" >&2; exit 1; }
+        sleep 0.1
+    done
     ip link delete "$bridge" 2>/dev/null || true
     rm -rf "$state"
 }

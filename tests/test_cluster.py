@@ -36,13 +36,20 @@ if reason:
 pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
+def cluster_script(*args, state=STATE):
+    """Runs scripts/emulated_cluster.sh; a failure shows what the script said."""
+    env = dict(os.environ, PARALLAX_CLUSTER_DIR=state)
+    done = subprocess.run(["bash", CLUSTER_SCRIPT, *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, (f"emulated_cluster.sh {' '.join(args)} exited "
+                                  f"{done.returncode}:\n{done.stderr}{done.stdout}")
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    env = dict(os.environ, PARALLAX_CLUSTER_DIR=STATE)
-    subprocess.run(["bash", CLUSTER_SCRIPT, "up", str(len(HOSTS))], env=env, check=True,
-                   capture_output=True, text=True, timeout=600)
+    cluster_script("up", str(len(HOSTS)))
     yield {"PARALLAX_SSH_OPTIONS": f"-F {STATE}/ssh_config", "PARALLAX_SSH_CONNECT_TIMEOUT": "3"}
-    subprocess.run(["bash", CLUSTER_SCRIPT, "down"], env=env, check=True, timeout=120)
+    cluster_script("down")
 
 
 @pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
