@@ -9,8 +9,8 @@ from parallax import capture
 
 capture.install()
 
-from parallax.api import get_runner, shard  # noqa: E402  (after the capture hook is in place)
+from parallax.api import get_runner, num_workers, shard  # noqa: E402  (after the capture hook)
 from parallax.config import CheckpointConfig, Config, PSConfig  # noqa: E402
 from parallax.errors import ParallaxError  # noqa: E402
 
-__all__ = ["get_runner", "shard", "Config", "PSConfig", "CheckpointConfig", "ParallaxError"]
+__all__ = ["get_runner", "shard", "num_workers", "Config", "PSConfig", "CheckpointConfig", "ParallaxError"]

@@ -12,7 +12,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from parallax.capture import VARIABLE_OP_TYPES, GradientRecord, read_records
+from parallax.capture import (FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, GradientRecord,
+                              batch_moments, read_records)
 from parallax.errors import ParallaxError
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
@@ -41,11 +42,16 @@ class VariableInfo:
 @dataclasses.dataclass
 class ExtraState:
     """A variable without a gradient that training writes: optimizer slots, beta powers,
-    moving averages, global_step. It must be written exactly once per step."""
+    moving averages, accumulators, global_step, moving statistics."""
 
     name: str
     owner: Optional[str]  # the trainable variable it lives with (TF's colocation), if any
     update_ops: List[str]
+    # Written from this worker's own data (a loss average, a batch's moving statistics): the
+    # replicas would drift apart, so the value each write takes is averaged over workers.
+    per_worker: bool = False
+    # Written from the gradients (slots, global_step, accumulators), not before or beside them.
+    after_gradients: bool = False
 
 
 @dataclasses.dataclass
@@ -53,6 +59,12 @@ class GraphAnalysis:
     variables: Dict[str, VariableInfo]  # in recording order
     extra_state: Dict[str, ExtraState]
     update_reads: Dict[str, set]  # variable -> the variables its update ops read
+    all_variables: List[str] = dataclasses.field(default_factory=list)  # global, by op name
+    # Writes that are function calls (tf.cond applying an update): name -> op type.
+    function_calls: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # (mean, variance) op names of each batch's moments (tf.nn.moments over the batch axis).
+    batch_moments: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    fused_batch_norms: List[str] = dataclasses.field(default_factory=list)  # in training mode
 
     def inputs_of_updates(self, variable: str) -> set:
         return self.update_reads.get(variable, set())
@@ -64,6 +76,12 @@ class GraphAnalysis:
     @property
     def sparse(self) -> List[VariableInfo]:
         return [v for v in self.variables.values() if v.is_sparse]
+
+    @property
+    def averaged_writes(self) -> List[str]:
+        """Writes whose value is averaged over workers: those of per-worker state."""
+        return [op for state in self.extra_state.values() if state.per_worker
+                for op in state.update_ops]
 
 
 def analyze(graph: tf.Graph) -> GraphAnalysis:
@@ -77,30 +95,129 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     for record in records:
         by_variable.setdefault(record.variable, []).append(record)
 
-    writes = _writes_by_variable(graph)
+    writes = _training_writes(graph)
     gradient_tensors = [graph.get_tensor_by_name(name)
                         for r in records for name in r.tensor_names()]
-    step_ops = _training_step_ops(graph, gradient_tensors, writes)
+    after_gradients = _downstream_ops(graph, gradient_tensors)
+    _check_gradients_are_applied(graph, records, writes, after_gradients)
     variables = collections.OrderedDict()
     for name, grads in by_variable.items():
         op = graph.get_operation_by_name(name)
-        variables[name] = VariableInfo(
-            name=name, dtype=tf.as_dtype(op.get_attr("dtype")),
-            shape=tuple(tf.TensorShape(op.get_attr("shape")).as_list()),
-            gradients=grads,
-            update_ops=[w for w in writes.get(name, []) if w in step_ops])
+        shape = tf.TensorShape(op.get_attr("shape"))
+        if not shape.is_fully_defined():
+            raise ParallaxError(
+                f"variable {name!r} has a gradient but no static shape ({shape}): Parallax "
+                "sizes its aggregation and placement by it; create it with a fully defined "
+                "shape")
+        variables[name] = VariableInfo(name=name, dtype=tf.as_dtype(op.get_attr("dtype")),
+                                       shape=tuple(shape.as_list()), gradients=grads,
+                                       update_ops=writes.get(name, []))
 
+    per_worker_ops = _per_worker_ops(graph, {t.name for t in gradient_tensors})
     extra_state = collections.OrderedDict()
     for name, write_ops in writes.items():
-        training_writes = [w for w in write_ops if w in step_ops]
-        if name in variables or not training_writes:
+        if name in variables:
             continue
-        extra_state[name] = ExtraState(name, _colocated_variable(graph, name, variables),
-                                       training_writes)
+        _check_not_an_uncaptured_update(graph, name, write_ops)
+        per_worker = [w for w in write_ops if w in per_worker_ops]
+        for write in per_worker:
+            _check_averageable(graph, write, name)
+        extra_state[name] = ExtraState(
+            name, _colocated_variable(graph, name, variables), write_ops,
+            per_worker=bool(per_worker),
+            after_gradients=any(w in after_gradients for w in write_ops))
     stop = {t.op for t in gradient_tensors}
     update_reads = {name: _variables_read(graph, info.update_ops, stop)
                     for name, info in variables.items()}
-    return GraphAnalysis(variables, extra_state, update_reads)
+    all_variables = [v.op.name for v in
+                     graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)]
+    function_calls = {w: graph.get_operation_by_name(w).type for ops in writes.values()
+                      for w in ops if graph.get_operation_by_name(w).type in FUNCTION_CALL_OPS}
+    fused = [op.name for op in graph.get_operations()
+             if op.type.startswith("FusedBatchNorm") and not op.type.startswith("FusedBatchNormGrad")
+             and op.get_attr("is_training")]
+    return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
+                         batch_moments(graph), fused)
+
+
+# The writes whose value can be averaged over workers: the value is their second input.
+_AVERAGEABLE_WRITES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp",
+                                 "AssignAddVariableOp", "AssignSubVariableOp"})
+# Ops whose outputs differ from worker to worker: its data, and its random numbers.
+_PER_WORKER_SOURCES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead",
+                       "Random", "TruncatedNormal", "Multinomial")
+_RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
+
+
+def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
+    """Every op that writes a variable, by variable, but its initializer and restores from a
+    checkpoint: what training (any of the user's train ops) may run."""
+    initializers = {v.initializer.name for v in
+                    graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                    + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)}
+    restored = _data_downstream(
+        [op for op in graph.get_operations() if op.type in _RESTORE_OPS], stop=set())
+    writes = {}
+    for variable, ops in _writes_by_variable(graph).items():
+        kept = [w for w in ops if w not in initializers and w != f"{variable}/Assign"
+                and w not in restored]
+        if kept:
+            writes[variable] = kept
+    return writes
+
+
+def _per_worker_ops(graph: tf.Graph, gradient_names: set) -> set:
+    """Names of ops computed from a worker's own data without passing through a gradient
+    (gradients are aggregated, hence the same on every worker)."""
+    sources = [op for op in graph.get_operations() if op.type.startswith(_PER_WORKER_SOURCES)]
+    return _data_downstream(sources, stop=gradient_names)
+
+
+def _data_downstream(ops, stop: set) -> set:
+    seen, frontier = set(), list(ops)
+    while frontier:
+        op = frontier.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        frontier.extend(c for out in op.outputs if out.name not in stop
+                        for c in out.consumers())
+    return seen
+
+
+def _check_gradients_are_applied(graph, records, writes, after_gradients) -> None:
+    """A gradient that reaches no write is computed for monitoring only: aggregating it would
+    put a collective into every fetch of it, possibly on one worker alone."""
+    written = {w for ops in writes.values() for w in ops}
+    for record in records:
+        reached = _downstream_ops(graph, [graph.get_tensor_by_name(n)
+                                          for n in record.tensor_names()])
+        if not reached & written:
+            raise ParallaxError(
+                f"the gradient {record.tensor_names()[0]!r} of variable {record.variable!r} "
+                "is computed but never applied to any variable: Parallax aggregates gradients "
+                "for training only. Fetch or summarize the gradients your optimizer applies "
+                "(those returned by compute_gradients) instead of computing them again")
+
+
+def _check_not_an_uncaptured_update(graph, name, write_ops) -> None:
+    for write in write_ops:
+        op = graph.get_operation_by_name(write)
+        if op.type.startswith(_FUSED_UPDATE_PREFIXES) and _variable_behind(op.inputs[0]) == name:
+            raise ParallaxError(
+                f"{op.type} {write!r} trains variable {name!r}, but its gradient was not "
+                "recorded: gradients from tf.GradientTape inside a graph are not seen by "
+                "Parallax. Compute them with tf.compat.v1.gradients or an optimizer's "
+                "minimize / compute_gradients")
+
+
+def _check_averageable(graph, write, name) -> None:
+    op = graph.get_operation_by_name(write)
+    if op.type not in _AVERAGEABLE_WRITES:
+        raise ParallaxError(
+            f"{op.type} {write!r} writes {name!r} from each worker's own data; Parallax keeps "
+            "such state identical on every worker by averaging the written value, which only "
+            "assignments (assign, assign_add, assign_sub) allow. Write it with one of them")
 
 
 def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
@@ -110,11 +227,29 @@ def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
             written = op.inputs
         elif op.type.startswith(_ASSIGN_PREFIXES) and op.inputs:
             written = op.inputs[:1]
+        elif op.type in FUNCTION_CALL_OPS and _function_writes(graph, op.node_def):
+            # An update inside tf.cond's branch: the cond writes what it is handed.
+            written = [t for t in op.inputs if t.dtype == tf.resource]
         else:
             continue
         for source in {_variable_behind(t) for t in written} - {None}:
             writes[source].append(op.name)
     return writes
+
+
+def _function_writes(graph: tf.Graph, node_def) -> bool:
+    """Whether the functions a node calls (and those they call) write a variable."""
+    for attr in node_def.attr.values():
+        names = [attr.func.name] if attr.HasField("func") else [f.name for f in attr.list.func]
+        for name in names:
+            function = graph._get_function(name)  # pylint: disable=protected-access
+            if function is None:
+                continue
+            for node in function.definition.node_def:
+                if node.op.startswith(_FUSED_UPDATE_PREFIXES + _ASSIGN_PREFIXES) or (
+                        node.op in FUNCTION_CALL_OPS and _function_writes(graph, node)):
+                    return True
+    return False
 
 
 def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
@@ -123,23 +258,6 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
     while op.type == "Identity" and op.inputs:
         op = op.inputs[0].op
     return op.name if op.type in VARIABLE_OP_TYPES else None
-
-
-def _training_step_ops(graph: tf.Graph, gradients: List[tf.Tensor], writes) -> set:
-    """Names of the ops a training step runs because of the gradients: what they feed or
-    precede, and what those writes need first (Adam's sparse update decays its slots, with no
-    input from the gradient, before adding to them)."""
-    downstream = _downstream_ops(graph, gradients)
-    step_writes = [graph.get_operation_by_name(w) for ops in writes.values() for w in ops
-                   if w in downstream]
-    seen, stack = set(), step_writes
-    while stack:
-        op = stack.pop()
-        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent.name not in seen:
-                seen.add(parent.name)
-                stack.append(parent)
-    return downstream | seen
 
 
 def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor]) -> set:

@@ -18,7 +18,7 @@ from parallax.errors import ParallaxError
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
-from parallax.plan import describe, effective_run_option, make_plan
+from parallax.plan import describe, effective_run_option, make_plan, uses_horovod, validate
 from parallax.session import ParallaxRunner
 
 log = logging.getLogger("parallax")
@@ -29,6 +29,12 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """This worker's disjoint share of `dataset`: every num_workers-th element from its id."""
     num_workers, worker_id = launch.worker_count_and_id()
     return dataset if num_workers == 1 else dataset.shard(num_workers, worker_id)
+
+
+def num_workers() -> int:
+    """The number of workers of the job, for graph code that counts in steps of the combined
+    batch (decay_steps); 1 in the driver, which builds the graph only to analyze it."""
+    return launch.worker_count_and_id()[0]
 
 
 def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None):
@@ -43,14 +49,24 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
     if launch.role() == "driver":
-        launch.run_driver(resources, config, effective_run_option(config.run_option, analysis))
+        validate(analysis, config)
+        run_option = effective_run_option(config.run_option, analysis)
+        launch.run_driver(resources, config, run_option,
+                          uses_horovod(run_option, analysis, config.sync_batch_norm))
     return _start_worker(graph, analysis, config)
 
 
 def _start_worker(graph, analysis, config) -> ParallaxRunner:
+    if not log.handlers and not logging.getLogger().handlers:
+        # A worker is a process Parallax started: its INFO lines (the plan) are the job's
+        # output, unless the user's script configured logging itself.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("parallax: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     cluster = Cluster.from_env()
     plan = make_plan(analysis, config, cluster, run_index=next(_run_indices))
-    if plan.run_option in ("AR", "HYBRID"):
+    if plan.uses_horovod:
         import horovod.tensorflow as hvd  # only jobs with replicas join a Horovod job
 
         hvd.init()
@@ -67,9 +83,11 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
     _initialize(session, graph, cluster, checkpointer)
     description = describe(plan)
     if cluster.is_chief:
-        log.warning("%s", description)
+        log.info("%s", description)
+    training_writes = [op for info in analysis.variables.values() for op in info.update_ops]
+    training_writes += [op for state in analysis.extra_state.values() for op in state.update_ops]
     return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description,
-                          checkpointer)
+                          checkpointer, training_writes)
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,24 +6,30 @@ and `Optimizer.compute_gradients` (hence `minimize` and every subclass) — is c
 that one function sees every gradient before user code can clip or scale it.
 
 The record is a graph collection of JSON strings, so it travels with the graph through
-MetaGraphDef export and import; Python-side state would not.
+MetaGraphDef export and import; Python-side state would not. The gradient of a batch mean is
+recorded too, by wrapping TF's registered gradient of Mean, for sync_batch_norm.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import func_graph
+from tensorflow.python.framework import func_graph, ops, tensor_util
 from tensorflow.python.ops import gradients_util
 from tensorflow.python.ops import resource_variable_ops
 
 GRADIENTS_COLLECTION = "parallax_gradients"
+STATISTIC_GRADIENTS_COLLECTION = "parallax_statistic_gradients"  # see _recording_mean_gradient
 
 # The ops that are variables, resource (VarHandleOp) or reference (VariableV2, Variable).
 VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
+# Ops that run a function (tf.cond's branches, a while loop's body) on the handles they take.
+FUNCTION_CALL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                               "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +112,52 @@ def _recording(gradients_helper):
     return helper
 
 
+def read_statistic_gradients(graph: tf.Graph) -> Dict[str, str]:
+    """Mean op name -> the gradient autodiff passed into it (for sync_batch_norm)."""
+    pairs = (json.loads(text) for text in graph.get_collection(STATISTIC_GRADIENTS_COLLECTION))
+    return {pair["op"]: pair["gradient"] for pair in pairs}
+
+
+def batch_moments(graph: tf.Graph) -> List[Tuple[str, str]]:
+    """(mean, variance) op names of each tf.nn.moments over the batch axis (also what Keras's
+    BatchNormalization builds): variance = Mean(SquaredDifference(y, StopGradient(mean))),
+    mean = Mean(y) over axes that include 0."""
+    found = []
+    for op in graph.get_operations():
+        if op.type != "Mean" or op.inputs[0].op.type != "SquaredDifference":
+            continue
+        samples, centre = op.inputs[0].op.inputs
+        mean = centre.op.inputs[0].op if centre.op.type == "StopGradient" else None
+        if (mean is not None and mean.type == "Mean" and mean.inputs[0] is samples
+                and _reduces_batch_axis(mean)):
+            found.append((mean.name, op.name))
+    return found
+
+
+def _reduces_batch_axis(op: tf.Operation) -> bool:
+    axes = tensor_util.constant_value(op.inputs[1])
+    return axes is not None and 0 in np.atleast_1d(axes).tolist()
+
+
+def _recording_mean_gradient(mean_gradient):
+    """The gradient of a batch mean, with what flows into it recorded: sync_batch_norm averages
+    it over workers. An identity makes it a tensor that only this gradient reads."""
+    @functools.wraps(mean_gradient)
+    def gradient(op, grad):
+        if isinstance(grad, tf.Tensor) and _reduces_batch_axis(op):
+            grad = tf.identity(grad, name="parallax_statistic_gradient")
+            op.graph.add_to_collection(STATISTIC_GRADIENTS_COLLECTION, json.dumps(
+                {"op": op.name, "gradient": grad.name}))
+        return mean_gradient(op, grad)
+
+    gradient.parallax_recording = True
+    return gradient
+
+
 def install() -> None:
     """Start recording gradients; idempotent (importing parallax calls it)."""
     if not getattr(gradients_util._GradientsHelper, "parallax_recording", False):
         gradients_util._GradientsHelper = _recording(gradients_util._GradientsHelper)
+    registered = ops._gradient_registry._registry["Mean"]  # pylint: disable=protected-access
+    if not getattr(registered["type"], "parallax_recording", False):
+        registered["type"] = _recording_mean_gradient(registered["type"])

@@ -38,7 +38,7 @@ class Checkpointer:
             return False
         self._saver.restore(session, latest)
         self._last_step = self._step(session)
-        log.warning("parallax: resumed from checkpoint %s", latest)
+        log.warning("resumed from checkpoint %s", latest)
         return True
 
     def after_run(self, session) -> None:

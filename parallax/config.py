@@ -64,6 +64,9 @@ class Config:
     base_port: when set, each host's server and workers use consecutive ports from it;
         otherwise free ports are picked on each host.
     ckpt_config: checkpoints (CheckpointConfig).
+    sync_batch_norm: batch statistics (tf.nn.moments over the batch axis, Keras's
+        BatchNormalization) of the combined batch of all workers, forward and backward, so a
+        batch-norm model trains as on one device; off, each worker normalizes its own batch.
     """
 
     run_option: str = "HYBRID"
@@ -75,6 +78,7 @@ class Config:
     ssh: Optional[SSHConfig] = None
     base_port: Optional[int] = None
     ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    sync_batch_norm: bool = False
 
     def __post_init__(self):
         option = str(self.run_option).upper()

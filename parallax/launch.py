@@ -37,7 +37,7 @@ def worker_count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def run_driver(resources: str, config: Config, run_option: str) -> NoReturn:
+def run_driver(resources: str, config: Config, run_option: str, with_horovod: bool) -> NoReturn:
     hosts = load_resources(resources)
     remote = [h.name for h in hosts if not is_local(h.name)]
     if remote and len(remote) < len(hosts):
@@ -60,7 +60,7 @@ def run_driver(resources: str, config: Config, run_option: str) -> NoReturn:
         os.makedirs(config.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
         rendezvous = None
-        if run_option in ("AR", "HYBRID"):
+        if with_horovod:
             per_host: Dict[str, int] = {}
             for _, host, _ in slots:
                 per_host[host.name] = per_host.get(host.name, 0) + 1

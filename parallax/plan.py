@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from parallax.analysis import GraphAnalysis, VariableInfo
 from parallax.cluster import Cluster
 from parallax.config import Config, PSConfig
+from parallax.errors import ParallaxError
 
 
 class Sync(enum.Enum):
@@ -33,7 +34,15 @@ class Plan:
     extra_state_servers: Dict[str, int]  # extra state living on a server: its server
     server_writes: List[str]  # ops updating server-resident state: once per step, by the chief
     ps_config: PSConfig  # which optimizations of the parameter-server path are on
+    uses_horovod: bool  # replicas exist: dense gradients, or state to average or broadcast
+    # With Config.sync_batch_norm: the (mean, variance) ops of the batch moments to combine.
+    batch_moments: List[Tuple[str, str]]
+    averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
     run_index: int = 0  # which get_runner call of the process this plan is for
+
+    @property
+    def sync_batch_norm(self) -> bool:
+        return bool(self.batch_moments)
 
     @property
     def num_workers(self) -> int:
@@ -61,6 +70,12 @@ def effective_run_option(run_option: str, analysis: GraphAnalysis) -> str:
 def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
               run_index: int = 0) -> Plan:
     run_option = effective_run_option(config.run_option, analysis)
+    if config.sync_batch_norm and analysis.fused_batch_norms:
+        raise ParallaxError(
+            f"sync_batch_norm: {analysis.fused_batch_norms[0]!r} is a fused batch norm, whose "
+            "statistics are computed inside one kernel and cannot be combined across workers; "
+            "build it unfused (tf.nn.moments and tf.nn.batch_normalization, or Keras's "
+            "BatchNormalization), or leave sync_batch_norm off")
     variables = {}
     for info in analysis.variables.values():
         average = config.average_sparse if info.is_sparse else config.average_dense
@@ -76,8 +91,50 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
                      for op in p.variable.update_ops]
     server_writes += [op for name in extra_state_servers
                       for op in analysis.extra_state[name].update_ops]
+    server_writes = list(dict.fromkeys(server_writes))  # one op may update several
+    _check_no_conditional_server_writes(analysis, server_writes)
+    _check_writes_on_one_side(analysis, variables, extra_state_servers)
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                config.ps_config, run_index)
+                config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
+                analysis.batch_moments if config.sync_batch_norm else [],
+                analysis.averaged_writes, run_index)
+
+
+def validate(analysis: GraphAnalysis, config: Config) -> None:
+    """Raise, in the driver before anything starts, the errors make_plan would raise in the
+    workers: which side of the servers a variable is on does not depend on the cluster."""
+    make_plan(analysis, config, Cluster(worker_machines=[0], servers=["validation:0"]))
+
+
+def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
+    """An op that updates server variables runs on the chief only; one that also updates
+    replicas (a tf.cond applying every update) would leave the other workers' replicas behind."""
+    on_server, replicated = set(), set()
+    for name, info in analysis.variables.items():
+        side = on_server if variables[name].sync is Sync.PS else replicated
+        side.update(info.update_ops)
+    for name, state in analysis.extra_state.items():
+        side = on_server if name in extra_state_servers else replicated
+        side.update(state.update_ops)
+    for op in sorted(on_server & replicated):
+        raise ParallaxError(
+            f"{op!r} updates variables on parameter servers and replicated ones at once: the "
+            "chief alone runs updates of server variables. Update them in separate ops (say, "
+            "two tf.conds), or use run_option='AR' or 'PS'")
+
+
+def _check_no_conditional_server_writes(analysis, server_writes) -> None:
+    """Updates of server variables inside tf.cond or a while loop are refused: the chief would
+    apply them in a function whose untaken branch does not wait for the step's gradients, and
+    the step's end could not be told apart from its start."""
+    for name in server_writes:
+        if analysis.function_calls.get(name):
+            raise ParallaxError(
+                f"{analysis.function_calls[name]} {name!r} updates variables that live on "
+                "parameter servers inside its function (tf.cond, tf.while_loop): in PS/HYBRID "
+                "mode updates of server variables must be ops of the graph itself. Apply the "
+                "update unconditionally (say, with the gradient scaled by 0 or 1), or use "
+                "run_option='AR'")
 
 
 def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:
@@ -91,9 +148,11 @@ def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> Non
 
 def _place_extra_state(analysis, variables, run_option) -> Dict[str, int]:
     """Extra state lives with its owner (TF's colocation: slots, moving averages, beta powers).
-    State with no owner (global_step) is on the first server in PS mode, and replicated when
-    replicas exist, as is state that replicated variables' updates read (beta powers): each
-    replica then updates its own copy once per step, identically."""
+    In PS mode, state with no owner that the step writes from the gradients (global_step,
+    accumulators) is on the first server. State that replicated variables' updates read (beta
+    powers) is replicated, each replica updating its own copy identically; so is state written
+    from each worker's own data (kept identical by averaging its writes) and state written
+    independently of the gradients (a random generator's seed)."""
     read_by_replicas = set()
     for var_plan in variables.values():
         if var_plan.sync is not Sync.PS:
@@ -101,13 +160,29 @@ def _place_extra_state(analysis, variables, run_option) -> Dict[str, int]:
     servers = {}
     for state in analysis.extra_state.values():
         owner = variables.get(state.owner)
-        if state.name in read_by_replicas:
+        if state.name in read_by_replicas or state.per_worker:
             continue
         if owner is not None and owner.sync is Sync.PS:
             servers[state.name] = owner.server
-        elif owner is None and run_option == "PS":
+        elif owner is None and run_option == "PS" and state.after_gradients:
             servers[state.name] = 0
     return servers
+
+
+def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool) -> bool:
+    """Whether the job's workers join Horovod: for dense gradients, batch statistics to combine,
+    and in PS mode for the variables that stay replicated (per-worker state to average,
+    replicas to broadcast)."""
+    if run_option != "PS" or (sync_batch_norm and analysis.batch_moments):
+        return True
+    return any(name not in analysis.variables and not _on_server_in_ps(analysis, name)
+               for name in analysis.all_variables)
+
+
+def _on_server_in_ps(analysis: GraphAnalysis, name: str) -> bool:
+    state = analysis.extra_state.get(name)
+    return state is not None and not state.per_worker and (
+        state.owner is not None or state.after_gradients)
 
 
 def describe(plan: Plan) -> str:

@@ -2,20 +2,23 @@
 were written against the original graph (objects or names, nested as Session.run takes them)."""
 from __future__ import annotations
 
-import json
+import logging
 
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
 from parallax.passes.rewire import read_aggregated
-from parallax.passes.sync import STEP_COLLECTION
+from parallax.passes.sync import read_server_writes
+from parallax.steps import Steps
+
+log = logging.getLogger("parallax")
 
 
 class ParallaxRunner:
     """What `parallax.get_runner` returns in each worker process."""
 
     def __init__(self, graph: tf.Graph, session: tf.compat.v1.Session, num_workers: int,
-                 worker_id: int, description: str, checkpointer=None):
+                 worker_id: int, description: str, checkpointer=None, training_writes=()):
         self.graph = graph
         self._checkpointer = checkpointer
         self.session = session
@@ -23,10 +26,13 @@ class ParallaxRunner:
         self.worker_id = worker_id
         self._description = description
         self._aggregated = read_aggregated(graph)
-        # A fetched server-side update is the whole step: on the chief its updates and the
-        # release of the other workers, on the others the wait for that release.
-        self._step_ops = {pair["op"]: graph.get_operation_by_name(pair["step_done"])
-                          for pair in map(json.loads, graph.get_collection(STEP_COLLECTION))}
+        # In a worker other than the chief, a fetched server-side update is its cut: the wait
+        # for the chief to apply it.
+        self._cuts = {write: graph.get_operation_by_name(cut)
+                      for write, cut in read_server_writes(graph).items() if cut}
+        self._steps = Steps(graph, self.is_chief, training_writes)
+        self._initializers = _initializer_names(graph)
+        self._skipped_initializer = None
 
     @property
     def is_chief(self) -> bool:
@@ -40,8 +46,7 @@ class ParallaxRunner:
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         feeds = None if feed_dict is None else {
             self._element(key, "feed key"): value for key, value in feed_dict.items()}
-        result = self.session.run(mapped, feed_dict=feeds, options=options,
-                                  run_metadata=run_metadata)
+        result = self._steps.run(self.session, mapped, feeds, options, run_metadata)
         if self._checkpointer is not None:
             self._checkpointer.after_run(self.session)
         return result
@@ -60,14 +65,35 @@ class ParallaxRunner:
 
     def _map_fetch(self, fetch):
         element = self._element(fetch, "fetch")
+        if isinstance(element, tf.Variable):
+            element = self.graph.as_graph_element(element)  # its value, as Session.run reads it
         if isinstance(element, tf.IndexedSlices):
             return tf.IndexedSlices(self._aggregate(element.values),
                                     self._aggregate(element.indices), element.dense_shape)
         if isinstance(element, tf.Tensor):
             return self._aggregate(element)
         if isinstance(element, tf.Operation):
-            return self._step_ops.get(element.name, element)
+            if self._is_initializer(element):
+                return self._skip_initializer(element)
+            return self._cuts.get(element.name, element)
         return element
+
+    def _is_initializer(self, op: tf.Operation) -> bool:
+        """An initializer, or a group of them (global_variables_initializer())."""
+        if op.name in self._initializers:
+            return True
+        return (op.type == "NoOp" and not op.inputs and bool(op.control_inputs)
+                and all(self._is_initializer(c) for c in op.control_inputs))
+
+    def _skip_initializer(self, op: tf.Operation) -> tf.Operation:
+        """Parallax initialized the variables (the same on every worker, or from the latest
+        checkpoint); running an initializer again would set one replica apart."""
+        if self._skipped_initializer is None:
+            with self.graph.as_default():
+                self._skipped_initializer = tf.no_op(name="parallax_skipped_initializer")
+        log.warning("runner.run(%s) skipped: Parallax initializes the variables "
+                    "itself (and restores checkpoints); remove this call", op.name)
+        return self._skipped_initializer
 
     def _aggregate(self, tensor: tf.Tensor) -> tf.Tensor:
         """A fetched gradient is the aggregated one, as training on one device would give."""
@@ -90,3 +116,10 @@ class ParallaxRunner:
                 f"{what} {item!r} does not belong to the graph given to get_runner; build "
                 "fetches and feeds in that graph (or pass their names).")
         return item
+
+
+def _initializer_names(graph: tf.Graph) -> set:
+    with graph.as_default():
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+    return {v.initializer.name for v in variables} | {
+        op.name for op in graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)}

@@ -23,6 +23,8 @@ JOBS = {
         "boundary_between_workers_and_servers"]),
     "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "PS-lstm": ("lstm", TWO_MACHINES, ["--run-option", "PS"]),
+    "HYBRID-lstm": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID"]),
+    "AR-lstm": ("lstm", "localhost:0,1", ["--run-option", "AR"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
 }
@@ -62,11 +64,12 @@ def test_workers_equal_single_device(job, config):
                                        err_msg=f"{config}: {name} on worker {worker}")
 
 
-def test_sum_aggregation_is_single_device_on_the_summed_loss(tmp_path):
+@pytest.mark.parametrize("run_option", ["AR", "PS"])
+def test_sum_aggregation_is_single_device_on_the_summed_loss(tmp_path, run_option):
     """average_dense/average_sparse=False sums worker gradients: with two workers that is the
     gradient of twice the mean loss on the combined batch."""
     result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", "sparse", "--sum",
-                     "--configs", "sgd", "--out", str(tmp_path))
+                     "--configs", "sgd", "--out", str(tmp_path), "--run-option", run_option)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     expected, _ = equivalence.train_single_device(
         "sparse", "sgd", 2 * equivalence.BATCH_PER_WORKER, loss_scale=2.0)

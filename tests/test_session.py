@@ -19,12 +19,16 @@ def runner():
         loss = tf.reduce_sum(x * w, name="loss")
         (grad,) = tf.compat.v1.gradients(loss, [w])
         # Stands for the aggregate: a real op built from the gradient, as the passes build one.
-        record_aggregated(grad, tf.multiply(grad, 3.0, name="aggregated"))
+        aggregated = tf.multiply(grad, 3.0, name="aggregated")
+        record_aggregated(grad, aggregated)
+        train = w.assign_sub(0.1 * aggregated, name="train").op
+        tf.compat.v1.summary.histogram("gradient", aggregated)  # a monitor of the aggregate
         init = tf.compat.v1.global_variables_initializer()
     session = tf.compat.v1.Session(graph=graph)
     session.run(init)
-    runner = ParallaxRunner(graph, session, num_workers=2, worker_id=1, description="")
-    runner.tensors = {"x": x, "w": w, "loss": loss, "grad": grad}
+    runner = ParallaxRunner(graph, session, num_workers=2, worker_id=1, description="",
+                            training_writes=[train.name])
+    runner.tensors = {"x": x, "w": w, "loss": loss, "grad": grad, "train": train}
     yield runner
     runner.close()
 
@@ -42,7 +46,28 @@ def test_nested_fetches_by_object_and_name(runner):
 
 def test_fetching_a_gradient_gives_the_aggregated_gradient(runner):
     t = runner.tensors
-    np.testing.assert_array_equal(runner.run(t["grad"], {t["x"]: [1.0, 2.0]}), [3.0, 6.0])
+    _, grad = runner.run([t["train"], t["grad"]], {t["x"]: [1.0, 2.0]})
+    np.testing.assert_array_equal(grad, [3.0, 6.0])
+
+
+def test_a_gradient_fetched_without_a_train_op_is_the_last_aggregate(runner):
+    """Computing it would mean an aggregation only this worker takes part in."""
+    t = runner.tensors
+    with pytest.raises(parallax.ParallaxError, match="applies nothing with it"):
+        runner.run(t["grad"], {t["x"]: [1.0, 2.0]})
+    runner.run(t["train"], {t["x"]: [1.0, 2.0]})
+    np.testing.assert_array_equal(runner.run(t["grad"], {t["x"]: [5.0, 5.0]}), [3.0, 6.0])
+    np.testing.assert_allclose(runner.run(t["w"]), [0.7, 0.4])  # it applied nothing
+
+
+def test_running_an_initializer_is_skipped_with_a_warning(runner, caplog):
+    t = runner.tensors
+    runner.run(t["train"], {t["x"]: [1.0, 2.0]})
+    with runner.graph.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    runner.run([init, t["w"].initializer])
+    np.testing.assert_allclose(runner.run(t["w"]), [0.7, 0.4])
+    assert "skipped: Parallax initializes the variables" in caplog.text
 
 
 def test_fetch_not_in_graph_is_named(runner):

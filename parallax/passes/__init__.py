@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax.passes.allreduce import allreduce_gradients, broadcast_initial_values
+from parallax.passes.allreduce import (allreduce_gradients, average_worker_state,
+                                       broadcast_initial_values)
+from parallax.passes.batch_norm import synchronize_batch_statistics
 from parallax.passes.boundary import place_boundary_ops
+from parallax.passes.dense_shapes import free_constant_dense_shapes
 from parallax.passes.loop_reads import copy_loop_reads_to_worker
 from parallax.passes.placement import place_post_aggregation_ops
 from parallax.passes.ps import aggregate_on_servers, place_variables_on_servers
@@ -16,14 +19,16 @@ from parallax.passes.sync import synchronize_steps
 from parallax.passes.unique_rows import gather_unique_rows
 from parallax.plan import Plan
 
-_ALLREDUCE = (allreduce_gradients, broadcast_initial_values)
+# Every mode may keep replicas (in PS mode: state written from each worker's own data).
+_REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, average_worker_state,
+             broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
        copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
        gather_unique_rows, synchronize_steps, separate_runner_state)
 _PIPELINES = {
-    "AR": _ALLREDUCE,
-    "PS": _PS,
-    "HYBRID": _ALLREDUCE + _PS,
+    "AR": (allreduce_gradients,) + _REPLICAS,
+    "PS": _REPLICAS + _PS,
+    "HYBRID": (allreduce_gradients,) + _REPLICAS + _PS,
 }
 
 

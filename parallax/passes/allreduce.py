@@ -49,10 +49,27 @@ def _aggregate_sparse(graph, record, op):
         record_aggregated(old, new)
 
 
+def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """State written from each worker's own data (a loss average, a batch's moving statistics)
+    stays identical on every worker: each such write takes the mean over workers of the value
+    it would write. For the moving averages TF writes, that is the average of the combined
+    batch's values, as on one device. Runs before the passes that place ops."""
+    with graph.as_default(), tf.name_scope("parallax_average_state"):
+        for name in plan.averaged_writes:
+            write = graph.get_operation_by_name(name)
+            value = write.inputs[1]
+            with tf.device(value.op.device):
+                averaged = hvd.allreduce(value, op=hvd.Average)
+            write._update_input(1, averaged)  # pylint: disable=protected-access
+    return graph
+
+
 def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Add the op that copies rank 0's initial values to every replica (run once after
     initialization): replicas must start identical to stay identical. Server-resident
     variables have a single copy and are left out."""
+    if not plan.uses_horovod:
+        return graph
     with graph.as_default(), tf.name_scope("parallax_broadcast"):
         variables = [v for v in tf.compat.v1.global_variables()
                      if plan.server_of(v.op.name) is None]

@@ -12,21 +12,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax.capture import VARIABLE_OP_TYPES, GradientRecord
+from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, GradientRecord
 from parallax.passes import local_aggregation, row_sums
 from parallax.passes.queues import concat_slices, shared_queue
 from parallax.passes.rewire import record_aggregated, reroute
 from parallax.plan import Plan, Sync
 
 PUSH_COLLECTION = "parallax_push"  # this worker's gradient pushes (ops)
-MIRROR_ASSIGN_COLLECTION = "parallax_mirror_assign"  # the chief's mirror writes (ops)
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
-# Ops that run a function (a while loop's body, say) and take a variable's handle to read it
-# inside: they are the model's compute, and stay on the worker; the reads inside go to the
-# variable's device by themselves.
-FUNCTION_CALL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
-                               "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
 
 
 def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
@@ -36,6 +30,8 @@ def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     stays with the replica, and so do the ops that touch it."""
     for op in graph.get_operations():
         if op.type in FUNCTION_CALL_OPS:
+            # The model's compute (a while loop reading kernels, a cond applying an update)
+            # stays on the worker; what the function does with a handle goes to its device.
             continue
         touched = [t.op.name for t in op.inputs if t.op.type in VARIABLE_OP_TYPES]
         if op.type in VARIABLE_OP_TYPES:
@@ -79,7 +75,8 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                                             key, cluster)
                 for old, new, old_consumers in zip(parts, aggregated, consumers):
                     reroute(old, new, old_consumers)
-                    record_aggregated(old, new)
+                    record_aggregated(old, new, trigger=None if cluster.is_chief else push,
+                                      on_server=True)
                 if row_sums.carries_norm(aggregated):
                     row_sums.use_carried_norm(consumers[0], aggregated[2])
     return graph
@@ -100,12 +97,15 @@ def _aggregate(queue, pushed, producers, own_push, average, key, cluster):
     mirrors = _mirror_variables(pushed, key)
     if cluster.is_chief:
         aggregated = _take(queue, pushed, producers, own_push, average, cluster.num_workers)
+        # Whatever follows the aggregate follows its mirror's write: the release of the step.
+        mirrored = []
         for mirror, value in zip(mirrors, aggregated):
-            tf.compat.v1.get_default_graph().add_to_collection(
-                MIRROR_ASSIGN_COLLECTION, mirror.assign(value, read_value=False))
-        return aggregated
-    # The read op itself, so the step token can be made to precede it.
-    reads = [tf.raw_ops.ReadVariableOp(resource=m.handle, dtype=m.dtype) for m in mirrors]
+            with tf.control_dependencies([mirror.assign(value, read_value=False)]):
+                mirrored.append(tf.identity(value))
+        return mirrored
+    # Read after this worker's own push; the step token will be made to precede the read op.
+    with tf.control_dependencies([own_push]):
+        reads = [tf.raw_ops.ReadVariableOp(resource=m.handle, dtype=m.dtype) for m in mirrors]
     for read in reads:
         tf.compat.v1.get_default_graph().add_to_collection(MIRROR_READ_COLLECTION, read.op)
     return reads

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax.passes.ps import FUNCTION_CALL_OPS
+from parallax.capture import FUNCTION_CALL_OPS
 from parallax.plan import Plan
 
 

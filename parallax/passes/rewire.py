@@ -20,11 +20,31 @@ def reroute(old: tf.Tensor, new: tf.Tensor, consumers: Sequence[tf.Operation]) -
                 consumer._update_input(index, new)  # pylint: disable=protected-access
 
 
-def record_aggregated(source: tf.Tensor, aggregated: tf.Tensor) -> None:
-    source.graph.add_to_collection(
-        AGGREGATED_COLLECTION, json.dumps({"source": source.name, "aggregated": aggregated.name}))
+def record_aggregated(source: tf.Tensor, aggregated: tf.Tensor, trigger: tf.Operation = None,
+                      on_server: bool = False) -> None:
+    """Note that `aggregated` is what `source` became. `trigger` is the op whose run makes this
+    worker take part in the aggregation (its push, when the aggregate is read from elsewhere);
+    by default the aggregate's own op. `on_server`: aggregated on a parameter server, where the
+    chief's release of the step tells the other workers it is there."""
+    source.graph.add_to_collection(AGGREGATED_COLLECTION, json.dumps({
+        "source": source.name, "aggregated": aggregated.name,
+        "trigger": (trigger or aggregated.op).name, "on_server": on_server}))
 
 
 def read_aggregated(graph: tf.Graph) -> dict:
-    pairs = (json.loads(text) for text in graph.get_collection(AGGREGATED_COLLECTION))
-    return {pair["source"]: pair["aggregated"] for pair in pairs}
+    """Recorded gradient tensor name -> the name of its aggregate."""
+    return {pair["source"]: pair["aggregated"] for pair in _records(graph)}
+
+
+def read_triggers(graph: tf.Graph) -> dict:
+    """Aggregate tensor name -> the op whose run makes this worker take part in it."""
+    return {pair["aggregated"]: pair["trigger"] for pair in _records(graph)}
+
+
+def read_server_aggregates(graph: tf.Graph) -> set:
+    """Names of the aggregate tensors that come from a parameter server."""
+    return {pair["aggregated"] for pair in _records(graph) if pair["on_server"]}
+
+
+def _records(graph):
+    return (json.loads(text) for text in graph.get_collection(AGGREGATED_COLLECTION))

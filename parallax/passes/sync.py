@@ -1,21 +1,30 @@
 """Step synchronization pass: the updates of server-resident state run once per step, by the
-chief, and no worker starts step k+1 before step k's updates are applied (paper §6).
+chief, and no worker starts its next step before the chief applied this one (paper §6).
 
-The chief's step ends by putting one token per other worker into a queue on the first server,
-after every server-side update and mirror write; each other worker's step ends by taking one
-token, after pushing its gradients. In the other workers' graphs the server-side updates are
-cut off from everything that ran them, the step token taking their place.
+A step is what one run fetches. Each worker other than the chief has its own queue of step
+tokens on the first server, so no worker can take another's token. In its graph every
+server-side update is replaced by a cut: an op that waits until the worker has pushed the
+gradients the update needs and has taken its token. The chief's runner, in each run that
+reaches server-side updates or aggregates, also runs a release: one token per other worker,
+after those updates and aggregates (`release_step`). A graph with several train ops (a GAN's two
+optimizers, an accumulate op and a separate apply op) thus applies each run's own updates only.
 """
 from __future__ import annotations
 
 import json
+from typing import Iterable
 
 import tensorflow as tf
 
-from parallax.passes.ps import MIRROR_ASSIGN_COLLECTION, MIRROR_READ_COLLECTION, PUSH_COLLECTION
+from parallax.errors import ParallaxError
+from parallax.passes.ps import MIRROR_READ_COLLECTION, PUSH_COLLECTION
+from parallax.passes.rewire import read_triggers, reroute
 from parallax.plan import Plan
 
-STEP_COLLECTION = "parallax_step"  # {"op": a server-side update, "step_done": what replaces it}
+# JSON: {"token_queues": [queue handle tensor names]} (the chief's graph only) and, per server
+# update, {"write": its name} in the chief's graph, {"write": its name, "cut": what replaces it}
+# in the others'.
+STEP_COLLECTION = "parallax_step"
 
 
 def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
@@ -23,40 +32,113 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
     if not cluster.has_servers:
         return graph
     writes = [graph.get_operation_by_name(name) for name in plan.server_writes]
-    others = cluster.num_workers - 1
+    _check_writes_follow_pushes(graph, writes)
     with graph.as_default(), tf.name_scope("parallax_sync"):
         with tf.device(cluster.server_device(0)):
-            tokens = tf.queue.FIFOQueue(max(others, 1), [tf.int64], shapes=[[]],
-                                        shared_name="parallax/step_tokens", name="step_tokens")
+            queues = {worker: tf.queue.FIFOQueue(
+                1, [tf.int64], shapes=[[]], shared_name=f"parallax/step_tokens/{worker}",
+                name=f"step_tokens_{worker}") for worker in range(1, cluster.num_workers)}
         if cluster.is_chief:
-            released = tf.zeros([others], tf.int64)
-            with tf.control_dependencies(writes + graph.get_collection(MIRROR_ASSIGN_COLLECTION)):
-                step_done = tokens.enqueue_many(released) if others else tf.no_op()
-            keep = _ancestors(writes) | set(writes)
-        else:
-            with tf.control_dependencies(graph.get_collection(PUSH_COLLECTION)):
-                step_done = tokens.dequeue().op
-            for read in graph.get_collection(MIRROR_READ_COLLECTION):
-                read._add_control_input(step_done)  # pylint: disable=protected-access
-            keep = set()
-    for write in writes:
-        for consumer in list(write._control_outputs):  # pylint: disable=protected-access
-            if consumer not in keep and consumer is not step_done:
-                _replace_control_input(consumer, write, step_done)
-        graph.add_to_collection(STEP_COLLECTION,
-                                json.dumps({"op": write.name, "step_done": step_done.name}))
+            graph.add_to_collection(STEP_COLLECTION, json.dumps(
+                {"token_queues": [q.queue_ref.name for q in queues.values()]}))
+            for write in writes:
+                graph.add_to_collection(STEP_COLLECTION, json.dumps({"write": write.name}))
+            return graph
+        wait = queues[cluster.worker_id].dequeue(name="wait_for_step").op
+        for read in graph.get_collection(MIRROR_READ_COLLECTION):
+            read._add_control_input(wait)  # pylint: disable=protected-access
+        pushes_behind = _pushes_behind(graph)
+        for write in writes:
+            # What the update was ordered after still runs (other updates' cuts, say).
+            cut = tf.group(wait, *pushes_behind(write), *write.control_inputs, name="cut")
+            for consumer in list(write._control_outputs):  # pylint: disable=protected-access
+                _replace_control_input(consumer, write, cut)
+            for output in write.outputs:
+                _stand_in_after(cut, output)
+            graph.add_to_collection(STEP_COLLECTION,
+                                    json.dumps({"write": write.name, "cut": cut.name}))
     return graph
 
 
-def _ancestors(ops) -> set:
-    seen, stack = set(), list(ops)
+def release_step(graph: tf.Graph, reached: Iterable[tf.Operation]) -> tf.Operation:
+    """The chief's release of one step: a token for every other worker, after `reached` (the
+    run's server-side updates and aggregates). Built by the runner per kind of run, after the
+    session started: new ops only, the graph it runs keeps its other ops."""
+    handles = [json.loads(text)["token_queues"] for text in graph.get_collection(STEP_COLLECTION)
+               if "token_queues" in json.loads(text)][0]
+    with graph.as_default(), tf.name_scope("parallax_sync/release"):
+        with tf.control_dependencies(list(reached)):
+            if not handles:
+                return tf.no_op()
+            token = tf.constant(0, tf.int64)
+            return tf.group(*[tf.raw_ops.QueueEnqueueV2(handle=graph.get_tensor_by_name(h),
+                                                        components=[token])
+                              for h in handles])
+
+
+def read_server_writes(graph: tf.Graph) -> dict:
+    """Server-side update name -> the cut that replaces it (None in the chief's graph)."""
+    records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
+    return {r["write"]: r.get("cut") for r in records if "write" in r}
+
+
+def _pushes_behind(graph):
+    """write -> this worker's pushes of the aggregates the write is computed from."""
+    push_of = {graph.get_tensor_by_name(name).op: graph.get_operation_by_name(trigger)
+               for name, trigger in read_triggers(graph).items()}
+    all_pushes = set(push_of.values())
+
+    def pushes(write):
+        found, seen, stack = set(), set(), [write]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op in push_of or op in all_pushes:
+                found.add(push_of.get(op, op))
+                continue
+            stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+        return sorted(found, key=lambda o: o.name)
+    return pushes
+
+
+def _stand_in_after(cut, output) -> None:
+    """A cut update's result read for ordering only (tf.cond's result, which
+    tf.control_dependencies turns into a wait for its Identity): a constant after the cut."""
+    consumers = list(output.consumers())
+    if not consumers:
+        return
+    orders_only = all(c.type == "Identity" and not any(o.consumers() for o in c.outputs)
+                      for c in consumers)
+    if not (orders_only and output.shape.is_fully_defined()):
+        raise ParallaxError(
+            f"{output.name!r}, the result of {output.op.name!r}, which updates variables on "
+            "parameter servers, is used as a value: only the chief runs such updates. Use it "
+            "for ordering only (tf.control_dependencies), or use run_option='AR'")
+    with tf.control_dependencies([cut]):
+        stand_in = tf.zeros(output.shape, output.dtype)
+    reroute(output, stand_in, consumers)
+
+
+def _check_writes_follow_pushes(graph, writes) -> None:
+    """A server-side update the gradients wait for would wait for a token that comes only after
+    the gradients are pushed: refuse it instead of deadlocking."""
+    ahead, stack = set(), list(graph.get_collection(PUSH_COLLECTION))
     while stack:
         op = stack.pop()
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
+            if parent not in ahead:
+                ahead.add(parent)
                 stack.append(parent)
-    return seen
+    for write in writes:
+        if write in ahead:
+            raise ParallaxError(
+                f"{write.type} {write.name!r} updates a variable on a parameter server, and the "
+                "gradients are computed after it (a control dependency or a data path): in "
+                "PS/HYBRID mode server variables are updated once per step after the gradients "
+                "are aggregated. Update it after the train op (tf.control_dependencies([train_op]))"
+                " or use run_option='AR'")
 
 
 def _replace_control_input(op, old, new) -> None:

@@ -1,0 +1,143 @@
+"""What one run of the runner is to the job, and what it must add so that every worker stays in
+step.
+
+- A training step reaches a write of a variable (an update, a slot, an accumulator, a moving
+  average), looking no further back than the aggregated gradients. Every worker runs the same
+  steps. The step's aggregates are those behind its writes; the chief adds the release of the
+  step when server-side updates or aggregates are part of it (passes/sync.py), and each worker
+  keeps the values of the step's aggregates that monitoring ops read (a gradient histogram).
+- Any other aggregate a run needs — in a run that writes nothing (a summary that only the chief
+  fetches now and then), or beside another train op's step — is fed the last value this worker
+  took part in, so it communicates with no one: a collective run by one worker alone would pair
+  with another worker's training step.
+- Anything else (the loss of a batch, a variable) runs as it is; but in a worker other than the
+  chief, a fetched value of server variables that the step does not compute (global_step
+  fetched with the train op) is read before the step, as one device reads it: read during the
+  step, it would race with the chief's update.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterable, List
+
+import tensorflow as tf
+
+from parallax.capture import VARIABLE_OP_TYPES
+from parallax.errors import ParallaxError
+from parallax.passes.rewire import read_server_aggregates, read_triggers
+from parallax.passes.sync import read_server_writes, release_step
+
+
+@dataclasses.dataclass
+class _RunPlan:
+    extra: List  # ops run beside the user's fetches (the release of a step)
+    keep: List[tf.Tensor]  # aggregates whose values are kept for monitoring runs
+    feed: List[tf.Tensor]  # aggregates fed with their kept values
+    early: List[tf.Tensor] = dataclasses.field(default_factory=list)  # read before the step
+
+
+class Steps:
+    def __init__(self, graph: tf.Graph, is_chief: bool, training_writes: Iterable[str]):
+        self._graph = graph
+        self._is_chief = is_chief
+        self._triggers = {graph.get_tensor_by_name(name): graph.get_operation_by_name(trigger)
+                          for name, trigger in read_triggers(graph).items()}
+        self._aggregates_of: Dict[tf.Operation, List[tf.Tensor]] = {}
+        for aggregate in self._triggers:
+            self._aggregates_of.setdefault(aggregate.op, []).append(aggregate)
+        self._on_server = {graph.get_tensor_by_name(n) for n in read_server_aggregates(graph)}
+        cuts = read_server_writes(graph)
+        self._server_writes = set(cuts)
+        self._writes = {graph.get_operation_by_name(name) for name in training_writes} | {
+            graph.get_operation_by_name(cut) for cut in cuts.values() if cut}
+        self._monitored = {a for a in self._triggers if self._feeds_monitoring(a)}
+        self._server_variables = set() if is_chief else {
+            op for op in graph.get_operations()
+            if op.type in VARIABLE_OP_TYPES and op.device.startswith("/job:ps")}
+        self._plans: Dict[tuple, _RunPlan] = {}
+        self._kept: Dict[str, object] = {}
+
+    def run(self, session, fetches, feed_dict, options=None, run_metadata=None):
+        fed = set(feed_dict or {})
+        elements = [e for e in tf.nest.flatten(fetches) if e is not None]
+        key = (tuple(e.name for e in elements), tuple(sorted(t.name for t in fed)))
+        if key not in self._plans:
+            self._plans[key] = self._plan(elements, fed)
+        plan = self._plans[key]
+        feeds = dict(feed_dict or {})
+        if plan.early:
+            feeds.update(zip(plan.early, session.run(plan.early, feed_dict=feeds)))
+        for aggregate in plan.feed:
+            if aggregate.name not in self._kept:
+                raise ParallaxError(
+                    f"this run needs the aggregated gradient {aggregate.name!r} but applies "
+                    "nothing with it: Parallax then gives it the last aggregate (aggregating "
+                    "it here would be a collective of this worker alone), and no training step "
+                    "has produced one yet. Fetch it together with the train op that applies "
+                    "it, or after such a step")
+            feeds[aggregate] = self._kept[aggregate.name]
+        result, extra = session.run((fetches, plan.extra + plan.keep), feed_dict=feeds,
+                                    options=options, run_metadata=run_metadata)
+        for aggregate, value in zip(plan.keep, extra[len(plan.extra):]):
+            self._kept[aggregate.name] = value
+        return result
+
+    def _plan(self, elements, fed) -> _RunPlan:
+        reached, aggregates = self._reached([getattr(e, "op", e) for e in elements], fed)
+        writes = reached & self._writes
+        # The step's own aggregates are those behind its writes (or, read from a server, whose
+        # push is); any other one the run needs (a monitor) gets its last value.
+        behind, behind_aggregates = self._reached(writes, fed)
+        part = {a for a, trigger in self._triggers.items()
+                if a in behind_aggregates or trigger in behind}
+        feed = sorted(aggregates - part, key=lambda t: t.name)
+        if not writes:
+            return _RunPlan([], [], feed)
+        extra = []
+        if self._is_chief:
+            released = [w for w in writes if w.name in self._server_writes]
+            released += [a.op for a in part if a in self._on_server]
+            if released:
+                extra.append(release_step(self._graph, sorted(set(released),
+                                                              key=lambda op: op.name)))
+        keep = sorted((a for a in part if a in self._monitored), key=lambda t: t.name)
+        early = [e for e in elements if isinstance(e, tf.Tensor) and e.op not in behind
+                 and self._graph.is_feedable(e) and self._reads_server_state_only(e, fed)]
+        return _RunPlan(extra, keep, feed, early)
+
+    def _reads_server_state_only(self, tensor: tf.Tensor, fed) -> bool:
+        """Whether `tensor` reads a server variable and writes nothing."""
+        reached, _ = self._reached([tensor.op], fed)
+        return bool(reached & self._server_variables) and not reached & self._writes
+
+    def _reached(self, start_ops, fed):
+        """Ops a run of `start_ops` runs, up to and including the aggregates; those aggregates."""
+        reached, aggregates, stack = set(), set(), list(start_ops)
+        while stack:
+            op = stack.pop()
+            if op in reached:
+                continue
+            reached.add(op)
+            if op in self._aggregates_of:
+                aggregates.update(self._aggregates_of[op])
+                continue
+            stack.extend(t.op for t in op.inputs if t not in fed)
+            stack.extend(op.control_inputs)
+        return reached, aggregates
+
+    def _feeds_monitoring(self, aggregate: tf.Tensor) -> bool:
+        """Whether some consumer of `aggregate` leads to no write (a summary, say)."""
+        return any(self._leads_to_no_write(consumer) for consumer in aggregate.consumers())
+
+    def _leads_to_no_write(self, start: tf.Operation) -> bool:
+        seen, stack = set(), [start]
+        while stack:
+            op = stack.pop()
+            if op in self._writes:
+                return False
+            if op in seen:
+                continue
+            seen.add(op)
+            stack.extend(c for out in op.outputs for c in out.consumers())
+            stack.extend(op._control_outputs)  # pylint: disable=protected-access
+        return True

@@ -1,0 +1,173 @@
+"""Graphs shaped like users' code (tests/workloads/user_graphs.py) train on 2 machines x 2
+workers exactly as on one device with the combined batch, in every mode; shapes Parallax cannot
+support are refused at get_runner with an error that names them."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from conftest import WORKLOADS, load_workload, run_job
+
+user_graphs = load_workload("user_graphs")
+TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
+WORKERS = 4
+
+
+def _train(tmp_path, shape, run_option, *extra, env=None):
+    result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
+                     "--resources", TWO_MACHINES, "--run-option", run_option,
+                     "--out", str(tmp_path), *extra, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _assert_single_device(tmp_path, shape):
+    expected, fetched = user_graphs.train_single_device(shape, WORKERS)
+    for worker in range(WORKERS):
+        saved = np.load(tmp_path / f"worker{worker}.npz")
+        assert saved["fetched"].tolist() == [int(v) for v in fetched], f"worker {worker}"
+        names = {k[len("var/"):] for k in saved.files if k.startswith("var/")}
+        assert names == set(expected), f"worker {worker} has other variables than one device"
+        for name, value in expected.items():
+            np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{shape}: {name} on worker {worker}")
+
+
+# Shapes a mode cannot train as one device would: refused at get_runner, saying why.
+REFUSED = {("cond", "PS"): "inside its function (tf.cond, tf.while_loop)",
+           ("cond", "HYBRID"): "inside its function (tf.cond, tf.while_loop)"}
+
+
+@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
+@pytest.mark.parametrize("shape", sorted(user_graphs.SHAPES))
+def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
+    if (shape, run_option) in REFUSED:
+        result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
+                         "--resources", TWO_MACHINES, "--run-option", run_option,
+                         "--out", str(tmp_path), timeout=300)
+        assert result.returncode != 0 and REFUSED[shape, run_option] in result.stderr
+        assert "[127.0.0.1:worker:0]" not in result.stdout, "refused after starting workers"
+        return
+    result = _train(tmp_path, shape, run_option)
+    _assert_single_device(tmp_path, shape)
+    if shape == "cifar10":  # its loop runs the initializer: skipped, once per worker, said so
+        assert result.stdout.count("runner.run(init) skipped") == WORKERS
+
+
+@pytest.mark.parametrize("run_option", ["AR", "PS"])
+def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
+    """Without sync_batch_norm each worker normalizes its own batch; the moving statistics are
+    averaged over workers so that the replicas stay identical."""
+    _train(tmp_path, "batchnorm", run_option)
+    saved = [np.load(tmp_path / f"worker{worker}.npz") for worker in range(WORKERS)]
+    assert "var/moving_mean" in saved[0].files
+    for name in saved[0].files:
+        for other in saved[1:]:
+            np.testing.assert_allclose(other[name], saved[0][name], rtol=1e-6, atol=1e-6,
+                                       err_msg=name)
+    assert not np.allclose(saved[0]["var/moving_mean"], 0.0)
+
+
+@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
+def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
+    """With sync_batch_norm the batch statistics, forward and backward, are the combined
+    batch's: the batch-norm CNN (moving statistics too) equals one device's."""
+    _train(tmp_path, "batchnorm", run_option, "--sync-batch-norm")
+    _assert_single_device(tmp_path, "batchnorm")
+
+
+def test_ps_steps_never_mix_with_one_worker_delayed(tmp_path, monkeypatch):
+    """Alternating train ops, local aggregation, and a worker that sleeps at random before
+    half of its runs: no interleaving mixes two steps or deadlocks."""
+    steps = 200
+    monkeypatch.setattr(user_graphs, "STEPS", steps)
+    _train(tmp_path, "gan", "PS", "--delay", "0.02", env={"USER_GRAPHS_STEPS": str(steps)})
+    _assert_single_device(tmp_path, "gan")
+
+
+def _graph_with(build):
+    graph = tf.Graph()
+    with graph.as_default():
+        build(tf.compat.v1.placeholder(tf.float32, [4, 3], name="x"))
+    return graph
+
+
+def _assert_refused(build, match, config=None):
+    """get_runner refuses the graph in the driver, before it reads the resources (empty here:
+    a graph that got through would fail on them, not start workers that re-run pytest)."""
+    with pytest.raises(parallax.ParallaxError, match=match):
+        parallax.get_runner(_graph_with(build), "", config)
+
+
+def _dense(x, name="w"):
+    w = tf.compat.v1.get_variable(name, [3, 1], initializer=tf.compat.v1.ones_initializer())
+    return w, tf.reduce_sum(tf.matmul(x, w))
+
+
+def test_gradient_tape_updates_are_refused():
+    def build(x):
+        _, loss = _dense(x)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        v = tf.compat.v1.get_variable("v", [3, 1])
+        with tf.GradientTape() as tape:
+            other = tf.reduce_sum(tf.matmul(x, v))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            [(tape.gradient(other, v), v)])
+    _assert_refused(build, "'v'.*GradientTape")
+
+
+def test_a_gradient_computed_only_to_look_at_is_refused():
+    def build(x):
+        w, loss = _dense(x)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        tf.compat.v1.gradients(loss * 2.0, [w])  # monitoring only
+    _assert_refused(build, "never applied")
+
+
+def test_a_variable_of_unknown_shape_is_refused():
+    def build(x):
+        w = tf.Variable(tf.ones([3, 1]), shape=tf.TensorShape(None), name="w")
+        loss = tf.reduce_sum(tf.matmul(x, w))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    _assert_refused(build, "'w'.*no static shape")
+
+
+def test_per_worker_state_written_by_a_scatter_is_refused():
+    def build(x):
+        _, loss = _dense(x)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        seen = tf.Variable(tf.zeros([4]), trainable=False, name="seen")
+        tf.compat.v1.scatter_update(seen, [0], tf.reshape(loss, [1]))
+    _assert_refused(build, "'seen'.*assignments")
+
+
+def test_fused_batch_norm_is_refused_with_sync_batch_norm():
+    def build(x):
+        w, _ = _dense(x)
+        image = tf.reshape(tf.matmul(x, w), [4, 1, 1, 1])
+        normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(image, [1.0], [0.0],
+                                                            is_training=True)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(normalized))
+    _assert_refused(build, "fused batch norm", parallax.Config(sync_batch_norm=True))
+
+
+def test_a_server_update_the_gradients_wait_for_is_refused(tmp_path):
+    """A variable on a server decayed in place before the gradients are computed: in PS mode
+    the update waits for the step's token, which waits for the gradients."""
+    script = tmp_path / "decay_first.py"
+    script.write_text(
+        "import parallax, tensorflow as tf\n"
+        "tf.compat.v1.disable_eager_execution()\n"
+        "graph = tf.Graph()\n"
+        "with graph.as_default():\n"
+        "    emb = tf.compat.v1.get_variable('emb', [10, 2])\n"
+        "    with tf.control_dependencies([emb.assign(emb * 0.99, name='decay')]):\n"
+        "        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2]))\n"
+        "    train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)\n"
+        "runner = parallax.get_runner(graph, 'localhost:0,1', parallax.Config(run_option='PS'))\n"
+        "runner.run(train)\n")
+    result = run_job(str(script), timeout=300)
+    assert result.returncode != 0
+    assert "'decay'" in result.stderr and "after the train op" in result.stderr

@@ -1,0 +1,305 @@
+"""Graphs shaped like users' code, trained on N workers and compared with single-device training.
+
+Each shape is written as a tutorial writes it, with feed_dict input (each worker feeds its share
+of the step's combined batch), and one training loop that runs unchanged on one device or under
+Parallax. As a script it is a Parallax job; every worker saves all its variables and what its
+loop fetched. The tests import `train_single_device` for the reference.
+
+    python user_graphs.py --shape gan --resources localhost:0,1 --run-option PS --out DIR
+"""
+import argparse
+import os
+import random
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.training import moving_averages  # as TF1 batch-norm code does
+
+import parallax
+
+VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS = 30, 4, 5, 8, 3, 3
+BATCH_PER_WORKER = 4
+STEPS = int(os.environ.get("USER_GRAPHS_STEPS", "12"))  # the same in the job and the reference
+
+
+def batch(step, total):
+    """The combined batch of one step; worker k of n feeds rows k::n."""
+    rng = np.random.RandomState(1000 + step)
+    return {"x": rng.randn(total, FEATURES).astype(np.float32),
+            "ids": rng.randint(0, VOCAB // 2, size=(total, IDS)).astype(np.int64),
+            "label": rng.randint(0, CLASSES, size=total).astype(np.int64)}
+
+
+def _initial(shape, seed):
+    return tf.constant_initializer(np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5)
+
+
+def _inputs():
+    return {"x": tf.compat.v1.placeholder(tf.float32, [None, FEATURES], name="x"),
+            "ids": tf.compat.v1.placeholder(tf.int64, [None, IDS], name="ids"),
+            "label": tf.compat.v1.placeholder(tf.int64, [None], name="label")}
+
+
+def _logits(inputs, scope):
+    """An embedding (sparse gradient) and two dense layers."""
+    with tf.compat.v1.variable_scope(scope):
+        embedding = tf.compat.v1.get_variable("emb", [VOCAB, EMBED],
+                                              initializer=_initial([VOCAB, EMBED], 1))
+        features = tf.concat([inputs["x"], tf.reduce_mean(
+            tf.nn.embedding_lookup(embedding, inputs["ids"]), axis=1)], axis=1)
+        w1 = tf.compat.v1.get_variable("w1", [FEATURES + EMBED, HIDDEN],
+                                       initializer=_initial([FEATURES + EMBED, HIDDEN], 2))
+        w2 = tf.compat.v1.get_variable("w2", [HIDDEN, CLASSES],
+                                       initializer=_initial([HIDDEN, CLASSES], 3))
+        return tf.matmul(tf.tanh(tf.matmul(features, w1)), w2)
+
+
+def _cross_entropy(inputs, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=inputs["label"], logits=logits))
+
+
+def gan():
+    """Two optimizers over disjoint variables, run alternately; the second advances
+    global_step (a GAN's discriminator and generator steps)."""
+    inputs = _inputs()
+    d_logits, g_logits = _logits(inputs, "d"), _logits(inputs, "g")
+    d_loss = _cross_entropy(inputs, d_logits + 0.5 * tf.stop_gradient(g_logits))
+    g_loss = _cross_entropy(inputs, g_logits - 0.5 * tf.stop_gradient(d_logits))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    d_vars = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, "d/")
+    g_vars = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, "g/")
+    d_train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(d_loss, var_list=d_vars)
+    g_train = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(
+        g_loss, var_list=g_vars, global_step=global_step)
+
+    def loop(run, feed, is_chief):
+        fetched = []
+        for step in range(STEPS):
+            run(d_train, feed(step))
+            fetched.append(run([g_train, global_step], feed(step))[1])
+        return fetched
+    return inputs, loop
+
+
+def accumulate():
+    """Gradient accumulation: every step adds the gradients into variables; every 2nd step a
+    separate op applies the accumulated sum and another resets it."""
+    inputs = _inputs()
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+    grads_and_vars = optimizer.compute_gradients(loss)
+    accumulators = [tf.Variable(tf.zeros(v.shape), trainable=False, name=v.op.name + "_acc")
+                    for _, v in grads_and_vars]
+    accumulate_op = tf.group(*[a.assign_add(tf.convert_to_tensor(g))
+                               for a, (g, _) in zip(accumulators, grads_and_vars)])
+    apply_op = optimizer.apply_gradients(
+        [(a, v) for a, (_, v) in zip(accumulators, grads_and_vars)], global_step=global_step)
+    with tf.control_dependencies([apply_op]):
+        reset_op = tf.group(*[a.assign(tf.zeros_like(a)) for a in accumulators])
+
+    def loop(run, feed, is_chief):
+        fetched = []
+        for step in range(STEPS):
+            run(accumulate_op, feed(step))
+            if step % 2 == 1:
+                run(reset_op)
+            fetched.append(run(global_step))
+        return fetched
+    return inputs, loop
+
+
+def cifar10():
+    """The CIFAR-10 tutorial's training graph: weight decay in a 'losses' collection, moving
+    averages of the losses that the gradients wait for, gradient histograms, a decaying learning
+    rate, moving averages of the variables after the update; its loop runs the initializer and
+    fetches global_step with the train op, and the summaries with it every 5 steps (chief only)."""
+    inputs = _inputs()
+    logits = _logits(inputs, "model")
+    tf.compat.v1.add_to_collection("losses", _cross_entropy(inputs, logits))
+    for variable in tf.compat.v1.trainable_variables():
+        if "/w" in variable.op.name:
+            tf.compat.v1.add_to_collection("losses", 0.01 * tf.nn.l2_loss(variable))
+    losses = tf.compat.v1.get_collection("losses")
+    total_loss = tf.add_n(losses, name="total_loss")
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    learning_rate = tf.compat.v1.train.exponential_decay(0.1, global_step, 4, 0.5, staircase=True)
+    loss_averages = tf.compat.v1.train.ExponentialMovingAverage(0.9, name="avg")
+    loss_averages_op = loss_averages.apply(losses + [total_loss])
+    for loss in losses + [total_loss]:
+        tf.compat.v1.summary.scalar(loss.op.name + "_raw", loss)
+        tf.compat.v1.summary.scalar(loss.op.name, loss_averages.average(loss))
+    with tf.control_dependencies([loss_averages_op]):
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
+        grads = optimizer.compute_gradients(total_loss)
+    apply_gradient_op = optimizer.apply_gradients(grads, global_step=global_step)
+    for grad, variable in grads:
+        tf.compat.v1.summary.histogram(variable.op.name + "/gradients", grad)
+    variable_averages = tf.compat.v1.train.ExponentialMovingAverage(0.9, global_step)
+    with tf.control_dependencies([apply_gradient_op]):
+        train_op = variable_averages.apply(tf.compat.v1.trainable_variables())
+    summary_op = tf.compat.v1.summary.merge_all()
+    init = tf.compat.v1.global_variables_initializer()
+
+    def loop(run, feed, is_chief):
+        run(init)
+        fetched = []
+        for step in range(STEPS):
+            if is_chief and step % 5 == 0:  # as the tutorial's summary hook does
+                _, value, _ = run([train_op, global_step, summary_op], feed(step))
+            else:
+                _, value = run([train_op, global_step], feed(step))
+            fetched.append(value)
+        return fetched
+    return inputs, loop
+
+
+def summary():
+    """Summaries of the loss, the gradients and their global norm, which only the chief fetches,
+    alone, every 5 steps; Adam with clipping by the global norm."""
+    inputs = _inputs()
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
+    grads, variables = zip(*optimizer.compute_gradients(loss))
+    clipped, norm = tf.clip_by_global_norm(grads, 1.0)
+    train_op = optimizer.apply_gradients(zip(clipped, variables), global_step=global_step)
+    tf.compat.v1.summary.scalar("loss", loss)
+    for grad, variable in zip(grads, variables):
+        tf.compat.v1.summary.histogram(variable.op.name + "/gradients", grad)
+    summary_op = tf.compat.v1.summary.merge_all()
+
+    def loop(run, feed, is_chief):
+        fetched = []
+        for step in range(STEPS):
+            run(train_op, feed(step))
+            if is_chief and step % 5 == 0:
+                run(summary_op, feed(step))
+            fetched.append(run(global_step))
+        return fetched
+    return inputs, loop
+
+
+def cond():
+    """Updates applied inside tf.cond, every other step of a step counter, the counter
+    advanced after them."""
+    inputs = _inputs()
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    grads_and_vars = optimizer.compute_gradients(loss)
+    applied = tf.cond(tf.equal(global_step % 2, 0),
+                      lambda: tf.group(optimizer.apply_gradients(grads_and_vars)), tf.no_op)
+    with tf.control_dependencies([applied]):
+        train_op = global_step.assign_add(1)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, global_step], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
+def batchnorm():
+    """A CNN with batch normalization written with tf.nn.moments and assign_moving_average in
+    UPDATE_OPS, the train op made to wait for them, as TF1 code does; an embedding beside it.
+    Each worker normalizes its own batch unless sync_batch_norm: without it the workers agree
+    with each other, not with one device."""
+    inputs = _inputs()
+    image = tf.reshape(tf.tile(inputs["x"], [1, FEATURES]), [-1, FEATURES, FEATURES, 1])
+    kernel = tf.compat.v1.get_variable("conv", [3, 3, 1, 4], initializer=_initial([3, 3, 1, 4], 4))
+    conv = tf.nn.conv2d(image, kernel, 1, "SAME")
+    mean, variance = tf.nn.moments(conv, axes=[0, 1, 2])
+    scale = tf.compat.v1.get_variable("gamma", [4], initializer=tf.compat.v1.ones_initializer())
+    offset = tf.compat.v1.get_variable("beta", [4], initializer=tf.compat.v1.zeros_initializer())
+    moving_mean = tf.compat.v1.get_variable("moving_mean", [4], trainable=False,
+                                            initializer=tf.compat.v1.zeros_initializer())
+    moving_variance = tf.compat.v1.get_variable("moving_variance", [4], trainable=False,
+                                                initializer=tf.compat.v1.ones_initializer())
+    for update in (moving_averages.assign_moving_average(moving_mean, mean, 0.9),
+                   moving_averages.assign_moving_average(moving_variance, variance, 0.9)):
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
+    normalized = tf.nn.batch_normalization(conv, mean, variance, offset, scale, 1e-3)
+    embedding = tf.compat.v1.get_variable("emb", [VOCAB, EMBED],
+                                          initializer=_initial([VOCAB, EMBED], 1))
+    features = tf.concat([tf.reshape(tf.tanh(normalized), [-1, FEATURES * FEATURES * 4]),
+                          tf.reduce_mean(tf.nn.embedding_lookup(embedding, inputs["ids"]), 1)], 1)
+    logits = tf.matmul(features, tf.compat.v1.get_variable(
+        "w2", [FEATURES * FEATURES * 4 + EMBED, CLASSES],
+        initializer=_initial([FEATURES * FEATURES * 4 + EMBED, CLASSES], 3)))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+        train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
+            _cross_entropy(inputs, logits), global_step=global_step)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, global_step], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
+SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
+          "cond": cond}
+# Shapes whose workers agree with each other, but not with one device: see their docstrings.
+PER_WORKER_SHAPES = {"batchnorm": batchnorm}
+
+
+def _build(shape):
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs, loop = {**SHAPES, **PER_WORKER_SHAPES}[shape]()
+    return graph, inputs, loop
+
+
+def _feeder(inputs, workers, worker, share=True, delay=0.0):
+    """Feeds of a step: this worker's rows of the combined batch (all of them if not share).
+    With a delay, the last worker sleeps up to that long before half of its runs, at random."""
+    def feed(step):
+        if delay and worker == workers - 1 and random.random() < 0.5:
+            time.sleep(random.uniform(0, delay))
+        combined = batch(step, BATCH_PER_WORKER * workers)
+        rows = slice(worker, None, workers) if share else slice(None)
+        return {inputs[key]: value[rows] for key, value in combined.items()}
+    return feed
+
+
+def _variables(graph, run):
+    with graph.as_default():
+        variables = tf.compat.v1.global_variables()
+    return dict(zip([v.op.name for v in variables], run(variables)))
+
+
+def train_single_device(shape, workers):
+    """Single-device training on the combined batch of `workers` workers."""
+    graph, inputs, loop = _build(shape)
+    with graph.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(init)
+        fetched = loop(session.run, _feeder(inputs, workers, 0, share=False), True)
+        return _variables(graph, session.run), fetched
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", choices=sorted({**SHAPES, **PER_WORKER_SHAPES}), required=True)
+    parser.add_argument("--resources", default="localhost:0,1")
+    parser.add_argument("--run-option", default="AR")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--sync-batch-norm", action="store_true")
+    parser.add_argument("--delay", type=float, default=0.0,
+                        help="the last worker sleeps up to this long before half of its runs")
+    args = parser.parse_args()
+    tf.compat.v1.disable_eager_execution()
+    graph, inputs, loop = _build(args.shape)
+    runner = parallax.get_runner(graph, args.resources, parallax.Config(
+        run_option=args.run_option, sync_batch_norm=args.sync_batch_norm))
+    feed = _feeder(inputs, runner.num_workers, runner.worker_id, delay=args.delay)
+    fetched = loop(runner.run, feed, runner.is_chief)
+    values = _variables(graph, runner.run)
+    np.savez(os.path.join(args.out, f"worker{runner.worker_id}.npz"), fetched=np.array(fetched),
+             **{f"var/{name}": value for name, value in values.items()})
+    runner.close()
+
+
+if __name__ == "__main__":
+    main()
