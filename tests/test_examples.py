@@ -8,7 +8,8 @@ from conftest import REPO, run_job
 
 
 @pytest.mark.parametrize("example, steps", [
-    ("linear_regression.py", 40), ("classifier.py", 100), ("word2vec.py", 200)])
+    ("linear_regression.py", 40), ("classifier.py", 100), ("word2vec.py", 200),
+    ("cifar10.py", 60)])
 def test_example_trains_on_localhost(example, steps):
     result = run_job(os.path.join(REPO, "examples", example), "cluster_specs/localhost", str(steps))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

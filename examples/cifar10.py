@@ -1,0 +1,174 @@
+"""The TensorFlow CIFAR-10 tutorial (tensorflow/models, tutorials/image/cifar10: cifar10.py and
+cifar10_train.py), ported to Parallax as a user would, on synthetic CIFAR-like images.
+
+    python examples/cifar10.py [resource_file] [steps]
+
+What the port changed, each marked "Parallax:" below:
+  - `import parallax` before building the graph; the dataset is `parallax.shard`ed;
+  - the session is `parallax.get_runner(graph, resources)`, which initializes the variables
+    (the tutorial's initializer run would be skipped with a warning, so it is gone);
+  - constants that count steps are in steps of the combined batch: with N workers an epoch has
+    N times fewer steps, so decay_steps divides by the number of workers;
+  - the queue-based input (tf.train.shuffle_batch) became tf.data.
+What it kept: weight decay in the 'losses' collection, moving averages of the losses that the
+gradients wait for, gradient histograms, the decaying learning rate, moving averages of the
+variables after each update, summaries written by the chief.
+"""
+import os
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+import parallax  # Parallax: first, so that gradients are recorded
+
+RESOURCES = sys.argv[1] if len(sys.argv) > 1 else "cluster_specs/localhost"
+MAX_STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+BATCH_SIZE, IMAGE_SIZE, NUM_CLASSES = 32, 16, 10
+NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 5000
+MOVING_AVERAGE_DECAY, NUM_EPOCHS_PER_DECAY = 0.9999, 350.0
+LEARNING_RATE_DECAY_FACTOR, INITIAL_LEARNING_RATE = 0.1, 0.1
+
+
+def synthetic_cifar(count, seed=0):
+    """Images whose class is the colour of a bright patch, in a random place."""
+    rng = np.random.RandomState(seed)
+    labels = rng.randint(0, NUM_CLASSES, size=count)
+    images = rng.rand(count, IMAGE_SIZE, IMAGE_SIZE, 3).astype(np.float32) * 0.5
+    palette = rng.rand(NUM_CLASSES, 3).astype(np.float32)
+    for image, label in zip(images, labels):
+        row, col = rng.randint(0, IMAGE_SIZE - 6, size=2)
+        image[row:row + 6, col:col + 6] += palette[label]
+    return images, labels.astype(np.int32)
+
+
+def distorted_inputs():
+    # Parallax: tf.data instead of the tutorial's queue runners, each worker on its share.
+    dataset = tf.data.Dataset.from_tensor_slices(synthetic_cifar(NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN))
+    dataset = parallax.shard(dataset).shuffle(1000, seed=1).repeat().batch(BATCH_SIZE)
+    images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    images = tf.image.random_flip_left_right(images, seed=2)
+    return tf.image.per_image_standardization(images), labels
+
+
+def _variable_with_weight_decay(name, shape, stddev, wd):
+    var = tf.compat.v1.get_variable(
+        name, shape, initializer=tf.compat.v1.truncated_normal_initializer(stddev=stddev))
+    if wd is not None:
+        tf.compat.v1.add_to_collection("losses", tf.multiply(tf.nn.l2_loss(var), wd,
+                                                             name="weight_loss"))
+    return var
+
+
+def _bias(name, shape, value):
+    return tf.compat.v1.get_variable(name, shape,
+                                     initializer=tf.compat.v1.constant_initializer(value))
+
+
+def _activation_summary(x):
+    tf.compat.v1.summary.histogram(x.op.name + "/activations", x)
+    tf.compat.v1.summary.scalar(x.op.name + "/sparsity", tf.nn.zero_fraction(x))
+
+
+def inference(images):
+    with tf.compat.v1.variable_scope("conv1") as scope:
+        kernel = _variable_with_weight_decay("weights", [5, 5, 3, 32], 5e-2, None)
+        conv = tf.nn.conv2d(images, kernel, [1, 1, 1, 1], padding="SAME")
+        conv1 = tf.nn.relu(conv + _bias("biases", [32], 0.0), name=scope.name)
+        _activation_summary(conv1)
+    pool1 = tf.nn.max_pool2d(conv1, 3, 2, padding="SAME", name="pool1")
+    norm1 = tf.nn.lrn(pool1, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name="norm1")
+    with tf.compat.v1.variable_scope("conv2") as scope:
+        kernel = _variable_with_weight_decay("weights", [5, 5, 32, 32], 5e-2, None)
+        conv = tf.nn.conv2d(norm1, kernel, [1, 1, 1, 1], padding="SAME")
+        conv2 = tf.nn.relu(conv + _bias("biases", [32], 0.1), name=scope.name)
+        _activation_summary(conv2)
+    norm2 = tf.nn.lrn(conv2, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name="norm2")
+    pool2 = tf.nn.max_pool2d(norm2, 3, 2, padding="SAME", name="pool2")
+    with tf.compat.v1.variable_scope("local3") as scope:
+        reshape = tf.reshape(pool2, [-1, (IMAGE_SIZE // 4) ** 2 * 32])
+        weights = _variable_with_weight_decay("weights", [reshape.shape[1], 96], 0.04, 0.004)
+        local3 = tf.nn.relu(tf.matmul(reshape, weights) + _bias("biases", [96], 0.1),
+                            name=scope.name)
+        _activation_summary(local3)
+    with tf.compat.v1.variable_scope("softmax_linear") as scope:
+        weights = _variable_with_weight_decay("weights", [96, NUM_CLASSES], 1 / 96.0, None)
+        softmax_linear = tf.add(tf.matmul(local3, weights),
+                                _bias("biases", [NUM_CLASSES], 0.0), name=scope.name)
+        _activation_summary(softmax_linear)
+    return softmax_linear
+
+
+def loss(logits, labels):
+    cross_entropy_mean = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.int64), logits=logits), name="cross_entropy")
+    tf.compat.v1.add_to_collection("losses", cross_entropy_mean)
+    return tf.add_n(tf.compat.v1.get_collection("losses"), name="total_loss")
+
+
+def _add_loss_summaries(total_loss):
+    loss_averages = tf.compat.v1.train.ExponentialMovingAverage(0.9, name="avg")
+    losses = tf.compat.v1.get_collection("losses")
+    loss_averages_op = loss_averages.apply(losses + [total_loss])
+    for l in losses + [total_loss]:
+        tf.compat.v1.summary.scalar(l.op.name + " (raw)", l)
+        tf.compat.v1.summary.scalar(l.op.name, loss_averages.average(l))
+    return loss_averages_op
+
+
+def train(total_loss, global_step, num_workers):
+    # Parallax: a step trains on the combined batch of every worker.
+    num_batches_per_epoch = NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN / (BATCH_SIZE * num_workers)
+    decay_steps = int(num_batches_per_epoch * NUM_EPOCHS_PER_DECAY)
+    lr = tf.compat.v1.train.exponential_decay(INITIAL_LEARNING_RATE, global_step, decay_steps,
+                                              LEARNING_RATE_DECAY_FACTOR, staircase=True)
+    tf.compat.v1.summary.scalar("learning_rate", lr)
+    loss_averages_op = _add_loss_summaries(total_loss)
+    with tf.control_dependencies([loss_averages_op]):
+        opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+        grads = opt.compute_gradients(total_loss)
+    apply_gradient_op = opt.apply_gradients(grads, global_step=global_step)
+    for var in tf.compat.v1.trainable_variables():
+        tf.compat.v1.summary.histogram(var.op.name, var)
+    for grad, var in grads:
+        if grad is not None:
+            tf.compat.v1.summary.histogram(var.op.name + "/gradients", grad)
+    variable_averages = tf.compat.v1.train.ExponentialMovingAverage(MOVING_AVERAGE_DECAY,
+                                                                    global_step)
+    with tf.control_dependencies([apply_gradient_op]):
+        variables_averages_op = variable_averages.apply(tf.compat.v1.trainable_variables())
+    return variables_averages_op
+
+
+def main():
+    tf.compat.v1.disable_eager_execution()
+    num_workers = parallax.num_workers()  # Parallax: for decay_steps
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(0)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        images, labels = distorted_inputs()
+        total_loss = loss(inference(images), labels)
+        train_op = train(total_loss, global_step, num_workers)
+        summary_op = tf.compat.v1.summary.merge_all()
+
+    runner = parallax.get_runner(graph, RESOURCES)  # Parallax: instead of a Session
+    writer = None
+    if runner.is_chief:
+        log_dir = os.environ.get("CIFAR10_TRAIN_DIR") or tempfile.mkdtemp(prefix="cifar10_train")
+        writer = tf.compat.v1.summary.FileWriter(log_dir)
+    for step in range(1, MAX_STEPS + 1):
+        if runner.is_chief and step % 10 == 0:  # the tutorial's summary hook
+            _, loss_value, summary = runner.run([train_op, total_loss, summary_op])
+            writer.add_summary(summary, step)
+        else:
+            _, loss_value = runner.run([train_op, total_loss])
+        if runner.is_chief and (step == 1 or step % 10 == 0):
+            print(f"step {step:4d}  loss {loss_value:.4f}", flush=True)
+    if writer is not None:
+        writer.close()
+
+
+if __name__ == "__main__":
+    main()
