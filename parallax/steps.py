@@ -11,9 +11,9 @@ step.
   took part in, so it communicates with no one: a collective run by one worker alone would pair
   with another worker's training step.
 - Anything else (the loss of a batch, a variable) runs as it is; but in a worker other than the
-  chief, a fetched value of server variables that the step does not compute (global_step
-  fetched with the train op) is read before the step, as one device reads it: read during the
-  step, it would race with the chief's update.
+  chief, a fetched read of a server variable that the step does not need (global_step fetched
+  with the train op) is read before the step, as one device reads it: read during the step,
+  it would race with the chief's update.
 """
 from __future__ import annotations
 
@@ -101,14 +101,15 @@ class Steps:
                 extra.append(release_step(self._graph, sorted(set(released),
                                                               key=lambda op: op.name)))
         keep = sorted((a for a in part if a in self._monitored), key=lambda t: t.name)
-        early = [e for e in elements if isinstance(e, tf.Tensor) and e.op not in behind
-                 and self._graph.is_feedable(e) and self._reads_server_state_only(e, fed)]
+        early = [e for e in elements if self._reads_a_server_variable(e) and e.op not in behind
+                 and e not in fed]
         return _RunPlan(extra, keep, feed, early)
 
-    def _reads_server_state_only(self, tensor: tf.Tensor, fed) -> bool:
-        """Whether `tensor` reads a server variable and writes nothing."""
-        reached, _ = self._reached([tensor.op], fed)
-        return bool(reached & self._server_variables) and not reached & self._writes
+    def _reads_a_server_variable(self, element) -> bool:
+        """Whether `element` is a plain read of a server variable (not a value computed from
+        one: that would compute the forward pass, and take a batch, a second time)."""
+        return (isinstance(element, tf.Tensor) and element.op.type == "ReadVariableOp"
+                and element.op.inputs[0].op in self._server_variables)
 
     def _reached(self, start_ops, fed):
         """Ops a run of `start_ops` runs, up to and including the aggregates; those aggregates."""
