@@ -44,7 +44,10 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
         raise ParallaxError(
             f"{resources}: loopback hosts cannot be mixed with remote hosts {remote}: the remote "
             "ones could not reach them; name this machine by an address they can reach")
-    ssh = config.ssh or SSHConfig.from_env()
+    try:
+        ssh = config.ssh or SSHConfig.from_env()
+    except ValueError as error:  # a PARALLAX_SSH_* variable that is not a number
+        raise ParallaxError(str(error)) from None
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     with_servers = run_option in ("PS", "HYBRID")
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
@@ -88,7 +91,9 @@ def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:
 
 def _address_towards(host: str) -> str:
     """This machine's address on the route to `host`: where remote ranks find the rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    host = host.strip("[]")  # an IPv6 address without its brackets
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((host, 9))  # UDP: picks the route, sends nothing
         return probe.getsockname()[0]
 

@@ -31,10 +31,10 @@ class SSHConfig:
     def from_env(cls) -> "SSHConfig":
         env = os.environ
         return cls(user=env.get("PARALLAX_SSH_USER"),
-                   port=int(env["PARALLAX_SSH_PORT"]) if env.get("PARALLAX_SSH_PORT") else None,
+                   port=_env_int(env, "PARALLAX_SSH_PORT", None),
                    identity_file=env.get("PARALLAX_SSH_IDENTITY"),
                    options=shlex.split(env.get("PARALLAX_SSH_OPTIONS", "")),
-                   connect_timeout=int(env.get("PARALLAX_SSH_CONNECT_TIMEOUT", "10")))
+                   connect_timeout=_env_int(env, "PARALLAX_SSH_CONNECT_TIMEOUT", 10))
 
     def command(self, host: str, remote_argv: List[str], env: Dict[str, str],
                 cwd: Optional[str]) -> List[str]:
@@ -56,7 +56,7 @@ class SSHConfig:
             argv += ["-p", str(self.port)]
         if self.identity_file:
             argv += ["-i", self.identity_file]
-        return argv + list(self.options) + ["--", host]
+        return argv + list(self.options) + ["--", host.strip("[]")]  # IPv6 without brackets
 
 
 def forwarded_env(job_env: Dict[str, str]) -> Dict[str, str]:
@@ -82,3 +82,12 @@ def free_ports(host: str, count: int, ssh: SSHConfig) -> List[int]:
         raise HostUnreachable(f"cannot reach host {host} over ssh (exit {result.returncode}): "
                               f"{detail[-1] if detail else 'no output'}")
     return [int(port) for port in result.stdout.split()]
+
+
+def _env_int(env, name: str, default):
+    text = env.get(name)
+    if not text:
+        return default
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"{name}={text!r}: expected a whole number from 1 to 65535")
+    return int(text)
