@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-from runner.ssh import SSHConfig, forwarded_env
+from runner.ssh import SSHConfig, environment_line, forwarded_env
 
 GRACE_SECONDS = 3.0
 # After a failure, how long other processes may take to fail on their own before they are
@@ -64,13 +64,18 @@ class _Process:
         if spec.host is None:
             argv, env, cwd, stdin = spec.argv, dict(os.environ, **spec.env), spec.cwd, None
         else:
-            # The remote side stops when this pipe closes, i.e. when ssh goes away.
-            argv = spec.ssh.command(spec.host, spec.argv, forwarded_env(spec.env), spec.cwd)
+            # The environment goes down this pipe first; then the remote side stops when the
+            # pipe closes, i.e. when ssh goes away.
+            argv = spec.ssh.command(spec.host, spec.argv, spec.cwd)
             env, cwd, stdin = None, None, subprocess.PIPE
         self.popen = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=stdin or subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent)
+        if spec.host is not None:
+            self.popen.stdin.write(environment_line(
+                forwarded_env(spec.env, spec.ssh.forward_env)))
+            self.popen.stdin.flush()
         self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
         self.reader.start()
         # One waiter per process puts exits in the order they happen, so the job reports the

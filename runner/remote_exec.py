@@ -1,6 +1,9 @@
 """`python -m runner.remote_exec ARGV...`: run ARGV on a remote host for the driver, and stop
 it, with everything it started, when the ssh connection ends (stdin closes), or on SIGTERM,
-SIGHUP or SIGINT. ssh alone would leave the remote process running when the driver goes away."""
+SIGHUP or SIGINT. ssh alone would leave the remote process running when the driver goes away.
+The first line of stdin is ARGV's environment (JSON), sent over the ssh channel so that no
+value appears on a command line."""
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +14,9 @@ GRACE_SECONDS = 3.0
 
 
 def main():
-    child = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)
+    env = dict(os.environ, **json.loads(sys.stdin.buffer.readline() or b"{}"))
+    child = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL,
+                             env=env)
     stopping = threading.Event()
 
     def stop(*_):

@@ -1,31 +1,39 @@
 """Remote processes through the system `ssh` (so users' ~/.ssh/config applies), never asking
-for a password (BatchMode). Every word of the remote command is shell-quoted: no host name,
-argument or environment value can inject a command."""
+for a password (BatchMode). Every word of the remote command is shell-quoted: no host name or
+argument can inject a command. The environment travels over the ssh channel, never on a
+command line (where any local user could read it with `ps`), and only what the job needs."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 import shlex
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-# What a remote process inherits from the driver's environment, besides what the job sets.
+# What a remote process inherits from the driver's environment, besides what the job sets:
+# where its interpreter and libraries are, and the settings of Parallax, TF, Horovod and NCCL,
+# but no variable named like a secret unless the user lists it (SSHConfig.forward_env).
 FORWARDED = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("PARALLAX_", "TF_", "HOROVOD_", "NCCL_")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE", re.IGNORECASE)
 
 
 @dataclasses.dataclass
 class SSHConfig:
     """How to reach remote hosts. Each field can also come from the environment:
     PARALLAX_SSH_USER, PARALLAX_SSH_PORT, PARALLAX_SSH_IDENTITY, PARALLAX_SSH_OPTIONS (extra
-    ssh arguments, shell-split, e.g. '-F cluster/ssh_config'), PARALLAX_SSH_CONNECT_TIMEOUT."""
+    ssh arguments, shell-split, e.g. '-F cluster/ssh_config'), PARALLAX_SSH_CONNECT_TIMEOUT,
+    PARALLAX_SSH_FORWARD_ENV (comma-separated names of more variables to forward)."""
 
     user: Optional[str] = None
     port: Optional[int] = None
     identity_file: Optional[str] = None
     options: List[str] = dataclasses.field(default_factory=list)
     connect_timeout: int = 10
+    forward_env: List[str] = dataclasses.field(default_factory=list)  # more names to forward
 
     @classmethod
     def from_env(cls) -> "SSHConfig":
@@ -34,14 +42,15 @@ class SSHConfig:
                    port=_env_int(env, "PARALLAX_SSH_PORT", None),
                    identity_file=env.get("PARALLAX_SSH_IDENTITY"),
                    options=shlex.split(env.get("PARALLAX_SSH_OPTIONS", "")),
-                   connect_timeout=_env_int(env, "PARALLAX_SSH_CONNECT_TIMEOUT", 10))
+                   connect_timeout=_env_int(env, "PARALLAX_SSH_CONNECT_TIMEOUT", 10),
+                   forward_env=[n for n in env.get("PARALLAX_SSH_FORWARD_ENV", "").split(",")
+                                if n.strip()])
 
-    def command(self, host: str, remote_argv: List[str], env: Dict[str, str],
-                cwd: Optional[str]) -> List[str]:
+    def command(self, host: str, remote_argv: List[str], cwd: Optional[str]) -> List[str]:
         """The local argv that runs `remote_argv` on `host` under runner.remote_exec, which
-        stops it when the connection goes away."""
-        words = ["env"] + [f"{k}={v}" for k, v in sorted(env.items())]
-        words += [sys.executable, "-m", "runner.remote_exec"] + list(remote_argv)
+        takes its environment from the first line sent to it (`environment_line`) and stops
+        it when the connection goes away."""
+        words = [sys.executable, "-m", "runner.remote_exec"] + list(remote_argv)
         remote = " ".join(shlex.quote(w) for w in words)
         if cwd:
             remote = f"cd {shlex.quote(cwd)} && exec {remote}"
@@ -59,11 +68,17 @@ class SSHConfig:
         return argv + list(self.options) + ["--", host.strip("[]")]  # IPv6 without brackets
 
 
-def forwarded_env(job_env: Dict[str, str]) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k in FORWARDED or k.startswith(FORWARDED_PREFIXES)}
+def forwarded_env(job_env: Dict[str, str], also: Sequence[str] = ()) -> Dict[str, str]:
+    """The driver's variables a remote process gets (see FORWARDED), then the job's own."""
+    env = {k: v for k, v in os.environ.items() if k in also or k in FORWARDED or (
+        k.startswith(FORWARDED_PREFIXES) and not _SECRET.search(k))}
     env.update(job_env)
     return env
+
+
+def environment_line(env: Dict[str, str]) -> bytes:
+    """What remote_exec reads first from its stdin: the environment, as one JSON line."""
+    return json.dumps(env).encode() + b"\n"
 
 
 class HostUnreachable(RuntimeError):

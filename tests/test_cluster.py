@@ -74,7 +74,9 @@ def test_jobs_over_ssh_equal_single_device(cluster, run_option, tmp_path):
 
 def _start(cluster, *args):
     token = uuid.uuid4().hex
-    env = dict(os.environ, PARALLAX_TEST_TOKEN=token, **cluster)
+    # The marker is named like a secret: forwarded to the hosts only because it is listed.
+    env = dict(os.environ, PARALLAX_TEST_TOKEN=token,
+               PARALLAX_SSH_FORWARD_ENV="PARALLAX_TEST_TOKEN", **cluster)
     env.pop("PARALLAX_ROLE", None)
     driver = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
