@@ -35,11 +35,12 @@ def synthetic_cifar(count, seed=0):
     """Images whose class is the colour of a bright patch, in a random place."""
     rng = np.random.RandomState(seed)
     labels = rng.randint(0, NUM_CLASSES, size=count)
-    images = rng.rand(count, IMAGE_SIZE, IMAGE_SIZE, 3).astype(np.float32) * 0.5
-    palette = rng.rand(NUM_CLASSES, 3).astype(np.float32)
+    images = rng.rand(count, IMAGE_SIZE, IMAGE_SIZE, 3).astype(np.float32) * 0.2
+    palette = np.eye(NUM_CLASSES, 3, dtype=np.float32) + np.eye(NUM_CLASSES, 3, -3) * 0.5 + (
+        np.eye(NUM_CLASSES, 3, -6, dtype=np.float32) * 0.25)
     for image, label in zip(images, labels):
-        row, col = rng.randint(0, IMAGE_SIZE - 6, size=2)
-        image[row:row + 6, col:col + 6] += palette[label]
+        row, col = rng.randint(0, IMAGE_SIZE - 8, size=2)
+        image[row:row + 8, col:col + 8] += 2.0 * palette[label]
     return images, labels.astype(np.int32)
 
 

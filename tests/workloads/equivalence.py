@@ -69,6 +69,9 @@ def _lstm(sequence):
 def build(model, config, batch, shard, loss_scale=1.0):
     """The single-device graph: same code for the reference and for every worker."""
     optimizer_name, _, clip = config.partition("+")
+    # Keras numbers layers per process ('lstm', 'lstm_1', ...): fresh names for every graph, so
+    # the reference built in the test process has the names each worker's graph has.
+    keras.utils.clear_session()
     graph = tf.Graph()
     with graph.as_default():
         dataset = tf.data.Dataset.from_tensor_slices(_examples(NUM_EXAMPLES))
