@@ -148,10 +148,12 @@ def cifar10():
         fetched = []
         for step in range(STEPS):
             if is_chief and step % 5 == 0:  # as the tutorial's summary hook does
-                _, value, _ = run([train_op, global_step, summary_op], feed(step))
+                # A read in the same run as the update is unordered even on one device (the
+                # bigger run made it come after the update there): read it before instead.
+                fetched.append(run(global_step))
+                run([train_op, summary_op], feed(step))
             else:
-                _, value = run([train_op, global_step], feed(step))
-            fetched.append(value)
+                fetched.append(run([train_op, global_step], feed(step))[1])
         return fetched
     return inputs, loop
 
