@@ -78,7 +78,9 @@ def gan():
         fetched = []
         for step in range(STEPS):
             run(d_train, feed(step))
-            fetched.append(run([g_train, global_step], feed(step))[1])
+            # Read apart from the update: in the same run the two are unordered, on one device too.
+            fetched.append(run(global_step))
+            run(g_train, feed(step))
         return fetched
     return inputs, loop
 
