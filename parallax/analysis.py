@@ -190,9 +190,8 @@ def _check_gradients_are_applied(graph, records, writes, after_gradients) -> Non
     put a collective into every fetch of it, possibly on one worker alone."""
     written = {w for ops in writes.values() for w in ops}
     for record in records:
-        reached = _downstream_ops(graph, [graph.get_tensor_by_name(n)
-                                          for n in record.tensor_names()])
-        if not reached & written:
+        tensors = [graph.get_tensor_by_name(n) for n in record.tensor_names()]
+        if not _downstream_ops(graph, tensors, until=written) & written:
             raise ParallaxError(
                 f"the gradient {record.tensor_names()[0]!r} of variable {record.variable!r} "
                 "is computed but never applied to any variable: Parallax aggregates gradients "
@@ -260,9 +259,10 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
     return op.name if op.type in VARIABLE_OP_TYPES else None
 
 
-def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor]) -> set:
+def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor], until=frozenset()) -> set:
     """Names of ops reachable from `tensors` through data and control edges: what a training
-    step runs because of the gradients (updates, and what is ordered after them)."""
+    step runs because of the gradients (updates, and what is ordered after them). With
+    `until`, the walk stops at the first op of those names that it reaches."""
     seen = set()
     frontier = [t.op for t in tensors]
     while frontier:
@@ -270,6 +270,8 @@ def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor]) -> set:
         if op.name in seen:
             continue
         seen.add(op.name)
+        if op.name in until:
+            return seen
         frontier.extend(c for out in op.outputs for c in out.consumers())
         frontier.extend(op._control_outputs)  # pylint: disable=protected-access
     return seen
