@@ -64,8 +64,8 @@ def release_step(graph: tf.Graph, reached: Iterable[tf.Operation]) -> tf.Operati
     """The chief's release of one step: a token for every other worker, after `reached` (the
     run's server-side updates and aggregates). Built by the runner per kind of run, after the
     session started: new ops only, the graph it runs keeps its other ops."""
-    handles = [json.loads(text)["token_queues"] for text in graph.get_collection(STEP_COLLECTION)
-               if "token_queues" in json.loads(text)][0]
+    records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
+    handles = next(r["token_queues"] for r in records if "token_queues" in r)
     with graph.as_default(), tf.name_scope("parallax_sync/release"):
         with tf.control_dependencies(list(reached)):
             if not handles:
