@@ -5,7 +5,11 @@
     runner = parallax.get_runner(graph, "localhost:0,1")
     runner.run(train_op)
 """
-from parallax import capture
+from runner.control import start_heartbeat
+
+start_heartbeat()  # first: in a process of a job, the driver hears from it from now on
+
+from parallax import capture  # noqa: E402
 
 capture.install()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
+import sys
 import time
 from typing import Optional
 
@@ -20,6 +22,8 @@ from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
 from parallax.plan import describe, effective_run_option, make_plan, uses_horovod, validate
 from parallax.session import ParallaxRunner
+from runner.control import start_heartbeat
+from runner.output import PAST_STARTUP
 
 log = logging.getLogger("parallax")
 _run_indices = itertools.count()  # this process's get_runner calls: each gets fresh state
@@ -57,6 +61,9 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
 
 
 def _start_worker(graph, analysis, config) -> ParallaxRunner:
+    heartbeat = start_heartbeat()  # None unless a driver started this process
+    if heartbeat is not None:
+        _past_startup()
     if not log.handlers and not logging.getLogger().handlers:
         # A worker is a process Parallax started: its INFO lines (the plan) are the job's
         # output, unless the user's script configured logging itself.
@@ -86,8 +93,18 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
         log.info("%s", description)
     training_writes = [op for info in analysis.variables.values() for op in info.update_ops]
     training_writes += [op for state in analysis.extra_state.values() for op in state.update_ops]
+    if heartbeat is not None:
+        heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
     return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description,
-                          checkpointer, training_writes)
+                          checkpointer, training_writes, heartbeat)
+
+
+def _past_startup() -> None:
+    """Tell the driver that what this worker prints from now on is its own: the lines before
+    (the script's top, run by the driver too) are not shown twice."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.write(1, PAST_STARTUP)
 
 
 @functools.lru_cache(maxsize=None)

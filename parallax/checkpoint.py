@@ -3,6 +3,7 @@ servers — between its steps, when no update is under way, and restores them wh
 again with the same ckpt_dir."""
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
@@ -18,11 +19,11 @@ log = logging.getLogger("parallax")
 class Checkpointer:
     def __init__(self, graph: tf.Graph, config: CheckpointConfig, is_chief: bool):
         self._config = config
-        self._active = bool(config.ckpt_dir) and is_chief
+        self.active = bool(config.ckpt_dir) and is_chief
         self._saver = self._global_step = None
         self._last_step: Optional[int] = None
         self._last_time = time.monotonic()
-        if not self._active:
+        if not self.active:
             return  # save/restore ops for every variable only where they will run
         with graph.as_default():
             # The saver sees the variables under their original names (the containers the
@@ -33,7 +34,9 @@ class Checkpointer:
 
     def restore(self, session) -> bool:
         """Load the latest checkpoint, if any; True when one was loaded."""
-        latest = tf.train.latest_checkpoint(self._config.ckpt_dir) if self._active else None
+        if self.active:
+            _remove_partial_saves(self._config.ckpt_dir)
+        latest = tf.train.latest_checkpoint(self._config.ckpt_dir) if self.active else None
         if latest is None:
             return False
         self._saver.restore(session, latest)
@@ -43,7 +46,7 @@ class Checkpointer:
 
     def after_run(self, session) -> None:
         """Save when the configured number of steps or seconds has passed (chief only)."""
-        if not self._active:
+        if not self.active:
             return
         step = self._step(session)
         by_steps = (self._config.save_ckpt_steps and step is not None and step != self._last_step
@@ -54,7 +57,7 @@ class Checkpointer:
             self.save(session, step)
 
     def save(self, session, step=None) -> None:
-        if not self._active or (step is not None and step == self._last_step):
+        if not self.active or (step is not None and step == self._last_step):
             return
         os.makedirs(self._config.ckpt_dir, exist_ok=True)
         # Saver writes the data under temporary names and renames them, then updates the
@@ -63,7 +66,16 @@ class Checkpointer:
         self._last_step, self._last_time = step, time.monotonic()
 
     def current_step(self, session) -> Optional[int]:
-        return self._step(session) if self._active else None
+        return self._step(session) if self.active else None
 
     def _step(self, session) -> Optional[int]:
         return None if self._global_step is None else int(session.run(self._global_step))
+
+
+def _remove_partial_saves(ckpt_dir: str) -> None:
+    """What a save killed midway leaves: TensorFlow writes a checkpoint's files as
+    '<name>.tempstate<random>' and the index as 'checkpoint.tmp<random>', then renames them."""
+    for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "*.tempstate*")) + glob.glob(
+            os.path.join(glob.escape(ckpt_dir), "checkpoint.tmp*")):
+        log.warning("removing %s, left by a save that did not finish", path)
+        os.remove(path)

@@ -67,6 +67,17 @@ class Config:
     sync_batch_norm: batch statistics (tf.nn.moments over the batch axis, Keras's
         BatchNormalization) of the combined batch of all workers, forward and backward, so a
         batch-norm model trains as on one device; off, each worker normalizes its own batch.
+    heartbeat_timeout_secs: every process the driver starts beats to it every few seconds; one
+        silent this long (stopped, hung, cut off) stops the job, named. A process that hears
+        nothing from the driver this long stops itself.
+    stall_timeout_secs: a worker inside one run for this long (workers waiting for each other:
+        a deadlock, or a step that never ends) stops the job, naming the workers behind.
+    max_restarts: when the job fails (not when it is stopped on purpose), start it again from
+        its latest checkpoint, up to this many times; needs ckpt_config.ckpt_dir.
+    metrics_file: a file the driver appends the job's progress to, one JSON object a line
+        (time, step, steps_per_sec, step_seconds and the scalars of `runner.run(report=...)`).
+    progress_bar: the driver's progress bar (global step, steps/s, reported scalars); None
+        shows it when the driver's stderr is a terminal.
     """
 
     run_option: str = "HYBRID"
@@ -79,6 +90,11 @@ class Config:
     base_port: Optional[int] = None
     ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     sync_batch_norm: bool = False
+    heartbeat_timeout_secs: float = 30.0
+    stall_timeout_secs: float = 300.0
+    max_restarts: int = 0
+    metrics_file: Optional[str] = None
+    progress_bar: Optional[bool] = None
 
     def __post_init__(self):
         option = str(self.run_option).upper()
@@ -87,5 +103,14 @@ class Config:
                 f"unknown run_option {self.run_option!r}: use one of {sorted(RUN_OPTIONS)} "
                 "('MPI' is the paper's name for 'AR')")
         self.run_option = RUN_OPTIONS[option]
+        if not self.heartbeat_timeout_secs > 0 or not self.stall_timeout_secs > 0:
+            raise ValueError("heartbeat_timeout_secs and stall_timeout_secs must be positive")
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be a whole number >= 0, got "
+                             f"{self.max_restarts!r}")
+        if self.max_restarts and not self.ckpt_config.ckpt_dir:
+            raise ValueError(f"max_restarts={self.max_restarts} needs "
+                             "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
+                             "resumes from its latest checkpoint")
         if not isinstance(self.ps_config, PSConfig):
             raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")

@@ -11,18 +11,22 @@ import contextlib
 import os
 import socket
 import sys
+import uuid
 from typing import Dict, List, NoReturn, Tuple
 
 from parallax.cluster import CLUSTER_ENV, SERVER_INDEX_ENV, Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from runner import GlooRendezvous, JobFailed, ProcessSpec, load_resources, run_processes
+from runner.control import ControlServer
 from runner.free_ports import free_ports
+from runner.progress import ProgressDisplay
 from runner.resources import is_local
 from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
 
 ROLE_ENV = "PARALLAX_ROLE"
+DRIVER_PREFIX = "[driver] "
 
 
 def role() -> str:
@@ -48,6 +52,46 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
         ssh = config.ssh or SSHConfig.from_env()
     except ValueError as error:  # a PARALLAX_SSH_* variable that is not a number
         raise ParallaxError(str(error)) from None
+    # Where the job's processes reach this machine (the rendezvous, the control plane).
+    address = _address_towards(remote[0]) if remote else "127.0.0.1"
+    for attempt in range(config.max_restarts + 1):
+        try:
+            _run_job(hosts, address, config, ssh, run_option, with_horovod)
+        except JobFailed as failure:
+            say(str(failure))
+            if failure.by_user or attempt == config.max_restarts:
+                _exit(failure.exit_code)
+            say(f"restarting the job from the latest checkpoint in "
+                f"{config.ckpt_config.ckpt_dir} (restart {attempt + 1} of "
+                f"{config.max_restarts})")
+        else:
+            _exit(0)
+
+
+def say(text: str) -> None:
+    """The driver's own lines, prefixed as the processes' lines are; a closed stderr is
+    no reason to fail."""
+    lines = text.splitlines() or [""]
+    try:
+        sys.stderr.write("".join(f"{DRIVER_PREFIX}{line}\n" for line in
+                                 [f"parallax: {lines[0]}"] + lines[1:]))
+        sys.stderr.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def _exit(code: int) -> NoReturn:
+    # Flushing a closed stdout at exit would print a BrokenPipeError: point it at /dev/null.
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(code)
+
+
+def _run_job(hosts, address, config: Config, ssh: SSHConfig, run_option: str,
+             with_horovod: bool) -> None:
+    """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     with_servers = run_option in ("PS", "HYBRID")
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
@@ -67,18 +111,21 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
             per_host: Dict[str, int] = {}
             for _, host, _ in slots:
                 per_host[host.name] = per_host.get(host.name, 0) + 1
-            address = _address_towards(remote[0]) if remote else "127.0.0.1"
             rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
         specs = [_server_spec(index, host.name, cluster, config, ssh)
                  for index, host in enumerate(hosts) if with_servers]
         specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, config, ssh)
                   for rank, (_, host, slot) in enumerate(slots)]
-        try:
-            run_processes(specs)
-        except JobFailed as failure:
-            print(f"parallax: {failure}", file=sys.stderr, flush=True)
-            sys.exit(failure.exit_code)
-    sys.exit(0)
+        control = ControlServer(uuid.uuid4().hex, [spec.name for spec in specs],
+                                [spec.name for spec in specs if not spec.service],
+                                config.heartbeat_timeout_secs, config.stall_timeout_secs)
+        stack.callback(control.stop)
+        for spec in specs:
+            spec.env.update(control.env_for(spec.name, address))
+        bar = sys.stderr.isatty() if config.progress_bar is None else config.progress_bar
+        display = ProgressDisplay(control, config.metrics_file, bar)
+        stack.callback(display.close)
+        run_processes(specs, watchdog=control.check, write=display.write_line)
 
 
 def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:
@@ -128,5 +175,7 @@ def _worker_spec(rank, host, slot, cluster, rendezvous, config, ssh) -> ProcessS
         env.update(rendezvous.env_for_rank(rank, gloo_iface="lo" if is_local(host) else None))
     env["CUDA_VISIBLE_DEVICES"] = str(slot)
     # orig_argv keeps interpreter options and '-m module', so the worker runs what the user ran.
-    return _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,
+    spec = _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,
                  config, ssh)
+    spec.hold_until_started = True  # what it prints before get_runner, the driver printed
+    return spec

@@ -3,7 +3,11 @@ were written against the original graph (objects or names, nested as Session.run
 from __future__ import annotations
 
 import logging
+import signal
+import sys
+import threading
 
+import numpy as np
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
@@ -18,7 +22,8 @@ class ParallaxRunner:
     """What `parallax.get_runner` returns in each worker process."""
 
     def __init__(self, graph: tf.Graph, session: tf.compat.v1.Session, num_workers: int,
-                 worker_id: int, description: str, checkpointer=None, training_writes=()):
+                 worker_id: int, description: str, checkpointer=None, training_writes=(),
+                 heartbeat=None):
         self.graph = graph
         self._checkpointer = checkpointer
         self.session = session
@@ -33,6 +38,11 @@ class ParallaxRunner:
         self._steps = Steps(graph, self.is_chief, training_writes)
         self._initializers = _initializer_names(graph)
         self._skipped_initializer = None
+        self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
+        self._in_run = False
+        self._stop_requested = False
+        if checkpointer is not None and checkpointer.active:
+            self._save_on_sigterm()
 
     @property
     def is_chief(self) -> bool:
@@ -42,13 +52,28 @@ class ParallaxRunner:
         """One line per variable: kind, shape, bytes, where it lives, how it is synchronized."""
         return self._description
 
-    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None, report=None):
+        """Session.run on the original graph's fetches and feeds. `report`: scalars to show
+        in the driver's progress bar and metrics file, averaged over workers, e.g.
+        {"loss": loss}; they are computed in the same run."""
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
+        reported = {name: self._map_fetch(value) for name, value in (report or {}).items()}
         feeds = None if feed_dict is None else {
             self._element(key, "feed key"): value for key, value in feed_dict.items()}
-        result = self._steps.run(self.session, mapped, feeds, options, run_metadata)
+        if self._heartbeat is not None:
+            self._heartbeat.run_started()
+        self._in_run = True
+        try:
+            (result, values), training = self._steps.run(
+                self.session, (mapped, reported), feeds, options, run_metadata)
+        finally:
+            self._in_run = False
+        if self._heartbeat is not None:
+            self._heartbeat.run_finished(training, _scalars(values))
         if self._checkpointer is not None:
             self._checkpointer.after_run(self.session)
+        if self._stop_requested:
+            self._save_and_exit()
         return result
 
     def close(self) -> None:
@@ -56,6 +81,25 @@ class ParallaxRunner:
         if self._checkpointer is not None:
             self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
         self.session.close()
+
+    def _save_on_sigterm(self) -> None:
+        """A SIGTERM (the driver stopping the job) saves a checkpoint before the process
+        exits, between steps: at once, or when the run under way ends."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+
+        def on_sigterm(*_):
+            if self._in_run:
+                self._stop_requested = True
+            else:
+                self._save_and_exit()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _save_and_exit(self) -> None:
+        self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+        log.warning("stopped by SIGTERM after saving a checkpoint")
+        sys.exit(128 + signal.SIGTERM)
 
     def __enter__(self):
         return self
@@ -116,6 +160,14 @@ class ParallaxRunner:
                 f"{what} {item!r} does not belong to the graph given to get_runner; build "
                 "fetches and feeds in that graph (or pass their names).")
         return item
+
+
+def _scalars(values: dict) -> dict:
+    for name, value in values.items():
+        if np.size(value) != 1:
+            raise ParallaxError(f"runner.run(report={{{name!r}: ...}}): a reported value must "
+                                f"be a scalar; this one has shape {np.shape(value)}")
+    return {name: float(np.asarray(value).reshape(())) for name, value in values.items()}
 
 
 def _initializer_names(graph: tf.Graph) -> set:

@@ -34,6 +34,7 @@ class _RunPlan:
     keep: List[tf.Tensor]  # aggregates whose values are kept for monitoring runs
     feed: List[tf.Tensor]  # aggregates fed with their kept values
     early: List[tf.Tensor] = dataclasses.field(default_factory=list)  # read before the step
+    training: bool = False  # the run is a training step
 
 
 class Steps:
@@ -58,6 +59,7 @@ class Steps:
         self._kept: Dict[str, object] = {}
 
     def run(self, session, fetches, feed_dict, options=None, run_metadata=None):
+        """The fetched values, and whether the run was a training step."""
         fed = set(feed_dict or {})
         elements = [e for e in tf.nest.flatten(fetches) if e is not None]
         key = (tuple(e.name for e in elements), tuple(sorted(t.name for t in fed)))
@@ -80,7 +82,7 @@ class Steps:
                                     options=options, run_metadata=run_metadata)
         for aggregate, value in zip(plan.keep, extra[len(plan.extra):]):
             self._kept[aggregate.name] = value
-        return result
+        return result, plan.training
 
     def _plan(self, elements, fed) -> _RunPlan:
         reached, aggregates = self._reached([getattr(e, "op", e) for e in elements], fed)
@@ -103,7 +105,7 @@ class Steps:
         keep = sorted((a for a in part if a in self._monitored), key=lambda t: t.name)
         early = [e for e in elements if self._reads_a_server_variable(e) and e.op not in behind
                  and e not in fed]
-        return _RunPlan(extra, keep, feed, early)
+        return _RunPlan(extra, keep, feed, early, training=True)
 
     def _reads_a_server_variable(self, element) -> bool:
         """Whether `element` is a plain read of a server variable (not a value computed from

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
+from runner.output import OutputFilter
 from runner.ssh import SSHConfig, environment_line, forwarded_env
 
 GRACE_SECONDS = 3.0
@@ -41,25 +42,51 @@ class ProcessSpec:
     log_file: Optional[str] = None  # output goes here instead of the driver's stdout
     service: bool = False  # serves the others (a parameter server): the job does not wait for
     # it to finish, stops it at the end, and fails if it exits before then
+    hold_until_started: bool = False  # output before runner.output.PAST_STARTUP is dropped
 
 
 class JobFailed(RuntimeError):
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, by_user: bool = False):
         super().__init__(message)
         self.exit_code = exit_code
+        self.by_user = by_user  # stopped on purpose (a signal, a closed output): not to retry
 
 
-def _die_with_parent():
+def die_with_parent():
     # A child outlives a SIGKILLed driver unless the kernel is told to signal it.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def write_stdout(line: bytes) -> None:
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+
+
+class _Output:
+    """Where the processes' lines go, one at a time; closed once writing fails (the reader of
+    the driver's stdout went away, as `| head` does)."""
+
+    def __init__(self, write: Callable[[bytes], None]):
+        self._write = write
+        self._lock = threading.Lock()
+        self.closed = threading.Event()
+
+    def write(self, line: bytes) -> None:
+        with self._lock:
+            if self.closed.is_set():
+                return
+            try:
+                self._write(line)
+            except (BrokenPipeError, OSError, ValueError):
+                self.closed.set()
+
+
 class _Process:
-    def __init__(self, spec: ProcessSpec, output_lock: threading.Lock, exits: queue.Queue):
+    def __init__(self, spec: ProcessSpec, output: _Output, exits: queue.Queue):
         self.spec = spec
         self.tail = collections.deque(maxlen=TAIL_LINES)
-        self._lock = output_lock
+        self._output = output
         log = open(spec.log_file, "ab") if spec.log_file else None
         if spec.host is None:
             argv, env, cwd, stdin = spec.argv, dict(os.environ, **spec.env), spec.cwd, None
@@ -71,7 +98,7 @@ class _Process:
         self.popen = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=stdin or subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent)
+            start_new_session=True, preexec_fn=die_with_parent)
         if spec.host is not None:
             self.popen.stdin.write(environment_line(
                 forwarded_env(spec.env, spec.ssh.forward_env)))
@@ -84,16 +111,20 @@ class _Process:
 
     def _pump(self, log):
         prefix = f"[{self.spec.name}] ".encode()
+        shown = OutputFilter(self.spec.hold_until_started)
         try:
             for line in iter(self.popen.stdout.readline, b""):
-                self.tail.append(line.decode(errors="replace").rstrip("\n"))
-                if log is not None:
+                if log is not None:  # the log file keeps every line
                     log.write(line)
                     log.flush()
-                    continue
-                with self._lock:
-                    sys.stdout.buffer.write(prefix + line)
-                    sys.stdout.buffer.flush()
+                for kept in shown.feed(line):
+                    self.tail.append(kept.decode(errors="replace").rstrip("\n"))
+                    if log is None:
+                        self._output.write(prefix + kept)
+            for kept in shown.finish():
+                self.tail.append(kept.decode(errors="replace").rstrip("\n"))
+                if log is None:
+                    self._output.write(prefix + kept)
         finally:
             if log is not None:
                 log.close()
@@ -106,20 +137,23 @@ class _Process:
 
 
 def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
-                  timeout: Optional[float] = None) -> None:
+                  timeout: Optional[float] = None,
+                  watchdog: Optional[Callable[[set], Optional[str]]] = None,
+                  write: Callable[[bytes], None] = write_stdout) -> None:
     """Start every process and wait for all; raise JobFailed when the job does not succeed,
-    or has not finished after `timeout` seconds."""
+    has not finished after `timeout` seconds, or `watchdog` (called every poll with the names
+    of the processes that have exited) says why it must stop. Output lines go to `write`."""
     stop_signal = []
     previous = {sig: signal.signal(sig, lambda signum, _: stop_signal.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
-    lock, exits = threading.Lock(), queue.Queue()
+    output, exits = _Output(write), queue.Queue()
     processes: List[_Process] = []
     try:
         for spec in specs:
-            processes.append(_Process(spec, lock, exits))
+            processes.append(_Process(spec, output, exits))
         job_deadline = None if timeout is None else time.monotonic() + timeout
         failure = _wait(sum(not p.spec.service for p in processes), exits, stop_signal,
-                        poll_seconds, job_deadline)
+                        poll_seconds, job_deadline, watchdog or (lambda _: None), output)
     finally:
         _stop_all(processes)
         for sig, handler in previous.items():
@@ -129,21 +163,29 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
 
 
 def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: float,
-          job_deadline: Optional[float]):
-    failures = []
+          job_deadline: Optional[float], watchdog, output: _Output):
+    failures, exited = [], set()
     deadline = None
     while running and (deadline is None or time.monotonic() < deadline):
         if stop_signal:
             name = signal.Signals(stop_signal[0]).name
             return JobFailed(f"stopped by {name}: every process was terminated",
-                             128 + stop_signal[0])
-        if job_deadline is not None and time.monotonic() > job_deadline and not failures:
-            return JobFailed("timed out: every process was terminated", 124)
+                             128 + stop_signal[0], by_user=True)
+        if output.closed.is_set():
+            return JobFailed("the driver's output was closed (broken pipe): every process "
+                             "was terminated", 128 + signal.SIGPIPE, by_user=True)
+        if not failures:
+            if job_deadline is not None and time.monotonic() > job_deadline:
+                return JobFailed("timed out: every process was terminated", 124)
+            why = watchdog(exited)
+            if why:
+                return JobFailed(f"{why}; every process was terminated", 124)
         try:
             process, code = exits.get(timeout=poll_seconds)
         except queue.Empty:
             continue
         running -= not process.spec.service
+        exited.add(process.spec.name)
         if code != 0 or process.spec.service:
             process.reader.join(timeout=2)
             failures.append((process, code))

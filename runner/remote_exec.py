@@ -10,13 +10,16 @@ import subprocess
 import sys
 import threading
 
+from runner.process import die_with_parent
+
 GRACE_SECONDS = 3.0
 
 
 def main():
     env = dict(os.environ, **json.loads(sys.stdin.buffer.readline() or b"{}"))
+    # Its child gets SIGTERM from the kernel even if this process is SIGKILLed.
     child = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL,
-                             env=env)
+                             env=env, preexec_fn=die_with_parent)
     stopping = threading.Event()
 
     def stop(*_):

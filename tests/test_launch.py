@@ -77,12 +77,13 @@ def test_fetch_not_in_graph_fails_the_job_with_its_name():
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_driver_stops_every_worker(signum):
     driver, token = _start("hang")
-    ready = 0
+    ready, seen = 0, []
     for line in driver.stdout:
+        seen.append(line)
         ready += " ready" in line
         if ready == 2:
             break
-    assert ready == 2, "workers did not start"
+    assert ready == 2, "workers did not start:\n" + "".join(seen)
     started = time.monotonic()
     driver.send_signal(signum)
     code, output = _finish(driver, timeout=30)

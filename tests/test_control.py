@@ -1,0 +1,170 @@
+"""The control plane (runner.control), the output filter and the progress records, on real
+local processes and a real gRPC server; nothing here needs TensorFlow."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+
+from runner.control import ControlServer, Progress
+from runner.output import PAST_STARTUP, OutputFilter
+from runner.process import JobFailed, ProcessSpec, run_processes
+from runner.progress import summarize
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A process of a job: beats, then runs 'steps' of 0.05 s (reporting a loss), then sleeps.
+BEATING = """
+import sys, time
+from runner.control import start_heartbeat
+beat = start_heartbeat()
+for step in range(int(sys.argv[1])):
+    beat.run_started(); time.sleep(0.05); beat.run_finished(True, {"loss": float(sys.argv[2])})
+if sys.argv[3] == "stuck":
+    beat.run_started()
+time.sleep(600)
+"""
+
+
+def _job(names, workers, heartbeat=2.0, stall=60.0):
+    return ControlServer(uuid.uuid4().hex, names, workers, heartbeat, stall)
+
+
+def _spec(control, name, *args):
+    env = dict(control.env_for(name, "127.0.0.1"), PYTHONPATH=REPO)
+    return ProcessSpec(name, [sys.executable, "-c", BEATING, *map(str, args)], env=env,
+                       cwd=REPO)
+
+
+def _leftovers():
+    return [c for c in psutil.Process().children(recursive=True)
+            if "start_heartbeat" in " ".join(c.cmdline())]
+
+
+def test_a_stopped_process_is_named_and_the_job_stopped():
+    control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
+    specs = [_spec(control, name, 1000, 1.0, "") for name in control.workers]
+
+    def stop_worker_1():
+        time.sleep(3)
+        stopped = [c for c in psutil.Process().children() if "h:worker:1" in c.environ().get(
+            "PARALLAX_CONTROL", "")]
+        stopped[0].send_signal(signal.SIGSTOP)
+
+    threading.Thread(target=stop_worker_1, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failure:
+        run_processes(specs, watchdog=control.check)
+    control.stop()
+    assert "h:worker:1 sent no heartbeat" in str(failure.value)
+    assert failure.value.exit_code == 124
+    assert 3 + 2 <= time.monotonic() - started < 3 + 2 + 5
+    assert _leftovers() == []
+
+
+def test_workers_stuck_in_a_step_are_a_stall_naming_the_one_behind():
+    control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"], stall=3.0)
+    specs = [_spec(control, "h:worker:0", 5, 1.0, "stuck"),  # waits in step 6 for worker 1
+             _spec(control, "h:worker:1", 4, 1.0, "")]  # never starts step 5
+    with pytest.raises(JobFailed) as failure:
+        run_processes(specs, watchdog=control.check)
+    control.stop()
+    message = str(failure.value)
+    assert "stalled" in message and "behind: h:worker:1 (step 4, not in a run)" in message
+    assert "waiting for them: h:worker:0" in message
+    assert _leftovers() == []
+
+
+def test_a_process_whose_driver_is_gone_stops_itself():
+    control = _job(["h:server:0"], [], heartbeat=2.0)
+    spec = _spec(control, "h:server:0", 0, 0.0, "")
+    child = subprocess.Popen(spec.argv, env=dict(os.environ, **spec.env), cwd=REPO,
+                             stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    control.stop()
+    gone = time.monotonic()
+    _, stderr = child.communicate(timeout=30)
+    assert time.monotonic() - gone < 2.0 + 3
+    assert child.returncode == -signal.SIGTERM
+    assert "no answer from the driver" in stderr
+
+
+def test_a_process_of_another_job_stops_itself():
+    control = _job(["h:worker:0"], ["h:worker:0"])
+    other = _job(["h:worker:0"], ["h:worker:0"])
+    spec = _spec(other, "h:worker:0", 0, 0.0, "")
+    spec.env.update(control.env_for("h:worker:0", "127.0.0.1"))
+    spec.env["PARALLAX_CONTROL"] = spec.env["PARALLAX_CONTROL"].replace(control.job, "stale")
+    child = subprocess.run(spec.argv, env=dict(os.environ, **spec.env), cwd=REPO,
+                           capture_output=True, text=True, timeout=30)
+    control.stop()
+    other.stop()
+    assert child.returncode == -signal.SIGTERM
+    assert "not a process of this job" in child.stderr
+
+
+def test_progress_is_the_global_step_and_scalars_averaged_over_workers():
+    control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
+    specs = [_spec(control, "h:worker:0", 10, 1.0, ""), _spec(control, "h:worker:1", 6, 3.0, "")]
+    records = []
+
+    def watch(exited):
+        records.append(summarize(control.take_progress()))
+        return "enough" if len(records) > 40 else None
+
+    with pytest.raises(JobFailed, match="enough"):
+        run_processes(specs, watchdog=watch)
+    control.stop()
+    assert max(r["step"] for r in records) == 6  # finished by every worker
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses and all(1.0 <= loss <= 3.0 for loss in losses)
+    assert summarize({"a": Progress(steps=3, new_steps=2, step_seconds=1.0,
+                                    scalars={"loss": [4.0, 2]}),
+                      "b": Progress(steps=2, new_steps=2, step_seconds=3.0,
+                                    scalars={"loss": [1.0, 1]})}) == {
+        "step": 2, "step_seconds": 1.0, "loss": 1.5}
+
+
+def test_a_closed_output_stops_the_job():
+    def broken(_line):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    talker = [sys.executable, "-c", "import time\nwhile True: print('x', flush=True); "
+              "time.sleep(0.1)"]
+    started = time.monotonic()
+    with pytest.raises(JobFailed, match="broken pipe") as failure:
+        run_processes([ProcessSpec("talker", talker, env={})], write=broken)
+    assert failure.value.exit_code == 128 + signal.SIGPIPE and failure.value.by_user
+    assert time.monotonic() - started < 10
+    assert not [c for c in psutil.Process().children(recursive=True)
+                if "print('x'" in " ".join(c.cmdline())]
+
+
+def test_lines_before_startup_are_dropped_unless_the_worker_fails_before_it():
+    started = OutputFilter(hold_until_started=True)
+    assert started.feed(b"banner\n") == []
+    assert started.feed(PAST_STARTUP) == []
+    assert started.feed(b"step 1\n") == [b"step 1\n"]
+    assert started.finish() == []
+    failed = OutputFilter(hold_until_started=True)
+    assert failed.feed(b"banner\n") == [] and failed.feed(b"ImportError: x\n") == []
+    assert failed.finish() == [b"banner\n", b"ImportError: x\n"]
+
+
+def test_horovod_shutdown_tracebacks_fold_into_one_line_others_stay_whole():
+    traceback = [b"Traceback (most recent call last):\n", b'  File "job.py", line 3\n',
+                 b"    runner.run(train_op)\n"]
+    horovod = OutputFilter(hold_until_started=False)
+    for line in traceback:
+        assert horovod.feed(line) == []
+    horovod.feed(b"tensorflow.python.framework.errors_impl.UnknownError: Horovod has been "
+                 b"shut down. This was caused by an exception on one of the ranks\n")
+    folded = horovod.finish()
+    assert len(folded) == 1 and b"folded" in folded[0] and b"Horovod has been shut" in folded[0]
+    other = OutputFilter(hold_until_started=False)
+    shown = [line for raw in traceback + [b"ValueError: mine\n"] for line in other.feed(raw)]
+    assert shown + other.finish() == traceback + [b"ValueError: mine\n"]
