@@ -178,4 +178,5 @@ def _worker_spec(rank, host, slot, cluster, rendezvous, config, ssh) -> ProcessS
     spec = _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,
                  config, ssh)
     spec.hold_until_started = True  # what it prints before get_runner, the driver printed
+    spec.stop_first = rank == 0 and bool(config.ckpt_config.ckpt_dir)  # saves on SIGTERM
     return spec

@@ -25,6 +25,10 @@ from typing import Dict, List, Optional
 
 # grpc's C core logs a line when the driver's server goes away; that is expected here.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# With fork support on, every fork (subprocess with preexec_fn, here and in TensorFlow) stops
+# and restarts grpc's pollers, which races with them: 'epoll_wait error: Bad file descriptor',
+# then SIGABRT, in about one process in five. Our children exec at once and never use grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc  # noqa: E402
 

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from runner.output import OutputFilter
 from runner.ssh import SSHConfig, environment_line, forwarded_env
 
-GRACE_SECONDS = 3.0
+GRACE_SECONDS = 5.0  # from SIGTERM to SIGKILL: time for a last checkpoint
 # After a failure, how long other processes may take to fail on their own before they are
 # stopped. A process that raised can exit after the peers its failure brought down (its
 # interpreter teardown is slow), so the report shows every failure in this window.
@@ -43,6 +43,8 @@ class ProcessSpec:
     service: bool = False  # serves the others (a parameter server): the job does not wait for
     # it to finish, stops it at the end, and fails if it exits before then
     hold_until_started: bool = False  # output before runner.output.PAST_STARTUP is dropped
+    stop_first: bool = False  # when the job stops, stopped (and waited for) before the others,
+    # which keep running meanwhile: the chief saving a checkpoint needs its peers
 
 
 class JobFailed(RuntimeError):
@@ -100,9 +102,12 @@ class _Process:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=die_with_parent)
         if spec.host is not None:
-            self.popen.stdin.write(environment_line(
-                forwarded_env(spec.env, spec.ssh.forward_env)))
-            self.popen.stdin.flush()
+            try:
+                self.popen.stdin.write(environment_line(
+                    forwarded_env(spec.env, spec.ssh.forward_env)))
+                self.popen.stdin.flush()
+            except BrokenPipeError:
+                pass  # ssh is gone already: its exit status and output tell why
         self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
         self.reader.start()
         # One waiter per process puts exits in the order they happen, so the job reports the
@@ -128,6 +133,16 @@ class _Process:
         finally:
             if log is not None:
                 log.close()
+
+    def stop(self) -> None:
+        """SIGTERM, here or (closing the connection's stdin) on the remote host."""
+        if self.spec.host is None:
+            self.signal_group(signal.SIGTERM)
+            return
+        try:
+            self.popen.stdin.close()
+        except OSError:
+            pass
 
     def signal_group(self, signum: int) -> None:
         try:
@@ -206,7 +221,8 @@ def _failure_message(failures) -> str:
         if process.spec.service:
             status += " while the job was running"
         if process.spec.host is not None and code == 255:
-            status += f" (ssh could not reach or lost {process.spec.host})"
+            status += (f" (ssh could not reach or lost {process.spec.host}, or its remote side "
+                       "was killed)")
         statuses.append(f"{process.spec.name} {status}")
         tail = "\n".join(f"    {line}" for line in process.tail) or "    (no output)"
         tails.append(f"Last lines of {process.spec.name}:\n{tail}")
@@ -214,15 +230,16 @@ def _failure_message(failures) -> str:
 
 
 def _stop_all(processes: List[_Process]) -> None:
-    alive = [p for p in processes if p.popen.poll() is None]
-    for process in alive:
-        process.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    for process in alive:
-        try:
-            process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    for first in (True, False):
+        alive = [p for p in processes if p.popen.poll() is None and p.spec.stop_first == first]
+        for process in alive:
+            process.stop()
+        deadline = time.monotonic() + GRACE_SECONDS
+        for process in alive:
+            try:
+                process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
     for process in processes:
         # The group may hold grandchildren even after its leader exited.
         process.signal_group(signal.SIGKILL)

@@ -10,9 +10,7 @@ import subprocess
 import sys
 import threading
 
-from runner.process import die_with_parent
-
-GRACE_SECONDS = 3.0
+from runner.process import GRACE_SECONDS, die_with_parent
 
 
 def main():

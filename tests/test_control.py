@@ -168,3 +168,19 @@ def test_horovod_shutdown_tracebacks_fold_into_one_line_others_stay_whole():
     other = OutputFilter(hold_until_started=False)
     shown = [line for raw in traceback + [b"ValueError: mine\n"] for line in other.feed(raw)]
     assert shown + other.finish() == traceback + [b"ValueError: mine\n"]
+
+
+def test_a_beating_process_can_fork():
+    """grpc's fork support raced with its pollers (SIGABRT at start in about one process in
+    five, as TensorFlow and subprocess fork): runner.control turns it off."""
+    control = _job(["h:worker:0"], ["h:worker:0"])
+    forks = ("from runner.control import start_heartbeat\nimport subprocess\n"
+             "start_heartbeat()\nfor _ in range(300):\n"
+             "    subprocess.run(['true'], preexec_fn=lambda: None)\n")
+    env = dict(os.environ, PYTHONPATH=REPO, **control.env_for("h:worker:0", "127.0.0.1"))
+    env.pop("GRPC_ENABLE_FORK_SUPPORT", None)
+    for _ in range(2):
+        child = subprocess.run([sys.executable, "-c", forks], env=env, cwd=REPO,
+                               capture_output=True, text=True, timeout=120)
+        assert child.returncode == 0 and "epoll" not in child.stderr, child.stderr[-2000:]
+    control.stop()

@@ -2,12 +2,7 @@
 fixture does right after another's (a namespace's veth end used to outlive its 'down')."""
 import subprocess
 
-import pytest
-
-from test_cluster import cluster_script
-from test_cluster import reason as no_cluster_reason
-
-pytestmark = pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
+from emulated import cluster_script, pytestmark  # noqa: F401
 STATE = "/tmp/parallax-test-cycle"
 
 

@@ -1,5 +1,6 @@
 """Launching on one machine: one worker process per slot, output streamed with a prefix, and
 no process left behind whatever happens."""
+import json
 import os
 import signal
 import subprocess
@@ -26,9 +27,9 @@ def _job_processes(token):
     return found
 
 
-def _start(*args):
+def _start(*args, **extra_env):
     token = uuid.uuid4().hex
-    env = dict(os.environ, PARALLAX_TEST_TOKEN=token)
+    env = dict(os.environ, PARALLAX_TEST_TOKEN=token, **extra_env)
     env.pop("PARALLAX_ROLE", None)
     driver = subprocess.Popen([sys.executable, SCRIPT, *args], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -108,3 +109,36 @@ def test_loopback_addresses_are_separate_machines():
     code, output = _finish(driver)
     assert code == 0, output
     assert "worker 1 done" in output
+
+
+def test_progress_goes_to_the_metrics_file(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    driver, token = _start("ok", PARALLAX_TEST_METRICS=str(metrics))
+    code, output = _finish(driver)
+    assert code == 0, output
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["step"] == 10  # every worker's 10 steps, the last record after exit
+    assert all(r["loss"] > 0 for r in records if "loss" in r) and "loss" in records[-1]
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
+    _assert_nothing_left(token)
+
+
+def test_workers_out_of_step_are_a_stall_naming_the_one_behind():
+    driver, token = _start("diverge", PARALLAX_TEST_STALL_SECS="5")
+    started = time.monotonic()
+    code, output = _finish(driver)
+    assert code == 124, output
+    assert "stalled" in output and "behind: localhost:worker:1 (step 3, not in a run)" in output
+    assert "waiting for them: localhost:worker:0" in output
+    assert time.monotonic() - started < 60
+    _assert_nothing_left(token)
+
+
+def test_what_the_script_prints_before_get_runner_shows_once():
+    driver, token = _start("ok")
+    code, output = _finish(driver)
+    assert code == 0, output
+    # Every worker runs the script's top again, but its lines are the driver's to print.
+    assert [line for line in output.splitlines() if "graph built for" in line] == [
+        "graph built for ok"]
+    assert "[localhost:worker:0] worker 0 ready" in output

@@ -2,6 +2,7 @@
 killed and started again sees exactly the batches an uninterrupted run sees.
 
     python checkpointed.py RESOURCES RUN_OPTION CKPT_DIR OUT_NPZ TOTAL_STEPS [SECONDS_PER_STEP]
+        [MAX_RESTARTS]
 """
 import sys
 import time
@@ -13,6 +14,7 @@ import parallax
 
 resources, run_option, ckpt_dir, out, total = sys.argv[1:6]
 total, pause = int(total), float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+max_restarts = int(sys.argv[7]) if len(sys.argv) > 7 else 0
 VOCAB, BATCH = 30, 4
 
 tf.compat.v1.disable_eager_execution()
@@ -28,8 +30,9 @@ with graph.as_default():
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train_op = tf.compat.v1.train.AdamOptimizer(0.05).minimize(loss, global_step=global_step)
 
-config = parallax.Config(run_option=run_option, ckpt_config=parallax.CheckpointConfig(
-    ckpt_dir=ckpt_dir, save_ckpt_steps=4))
+config = parallax.Config(run_option=run_option, max_restarts=max_restarts,
+                         ckpt_config=parallax.CheckpointConfig(ckpt_dir=ckpt_dir,
+                                                               save_ckpt_steps=4))
 runner = parallax.get_runner(graph, resources, config)
 step = runner.run(global_step)
 print(f"worker {runner.worker_id} starts at step {step}", flush=True)
@@ -37,6 +40,8 @@ while step < total:
     rng = np.random.RandomState(step * 100 + runner.worker_id)
     runner.run(train_op, {ids: rng.randint(0, VOCAB, (BATCH, 3)), labels: rng.randn(BATCH)})
     step = runner.run(global_step)
+    if runner.is_chief:
+        print(f"step {step}", flush=True)
     time.sleep(pause)
 if runner.is_chief:
     with graph.as_default():

@@ -1,8 +1,12 @@
 """A small Parallax job whose workers misbehave on request, for the supervision tests.
 
-    python supervised.py MODE [resources] [redirect_path] [sparse]
-    MODE: ok | fail-worker-1 | hang | bad-fetch
+    python supervised.py MODE [resources] [redirect_path] [sparse] [run_option]
+    MODE: ok | fail-worker-1 | hang | talk (hang, printing each step) | bad-fetch |
+          diverge (worker 1 stops taking steps, the others wait for it in theirs)
+PARALLAX_TEST_HEARTBEAT_SECS, PARALLAX_TEST_STALL_SECS and PARALLAX_TEST_METRICS set
+Config.heartbeat_timeout_secs, stall_timeout_secs and metrics_file.
 """
+import os
 import sys
 import time
 
@@ -14,6 +18,9 @@ mode = sys.argv[1]
 resources = sys.argv[2] if len(sys.argv) > 2 else "localhost:0,1"
 redirect_path = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
 with_sparse = len(sys.argv) > 4 and sys.argv[4] == "sparse"  # HYBRID: starts servers too
+run_option = sys.argv[5] if len(sys.argv) > 5 else "HYBRID"
+heartbeat = float(os.environ.get("PARALLAX_TEST_HEARTBEAT_SECS", 30))
+stall = float(os.environ.get("PARALLAX_TEST_STALL_SECS", 300))
 
 tf.compat.v1.disable_eager_execution()
 graph = tf.Graph()
@@ -25,7 +32,10 @@ with graph.as_default():
         loss += tf.reduce_sum(tf.nn.embedding_lookup(embedding, [1, 2]) * w)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
 
-runner = parallax.get_runner(graph, resources, parallax.Config(redirect_path=redirect_path))
+print(f"graph built for {mode}", flush=True)
+runner = parallax.get_runner(graph, resources, parallax.Config(
+    redirect_path=redirect_path, run_option=run_option, heartbeat_timeout_secs=heartbeat,
+    stall_timeout_secs=stall, metrics_file=os.environ.get("PARALLAX_TEST_METRICS")))
 print(f"worker {runner.worker_id} ready", flush=True)
 if mode == "fail-worker-1" and runner.worker_id == 1:
     raise RuntimeError("boom from worker 1")
@@ -33,7 +43,11 @@ if mode == "bad-fetch":
     runner.run("no_such_tensor:0")
 steps = 10 if mode == "ok" else 10 ** 9  # the others would wait in allreduce forever
 for step in range(steps):
-    runner.run(train_op)
-    if mode == "hang":
+    if mode == "diverge" and runner.worker_id == 1 and step == 3:
+        time.sleep(600)
+    runner.run(train_op, report={"loss": loss})
+    if mode in ("hang", "talk"):
         time.sleep(0.05)
+    if mode == "talk":
+        print(f"worker {runner.worker_id} step {step}", flush=True)
 print(f"worker {runner.worker_id} done, loss {runner.run(loss):.4f}", flush=True)
