@@ -152,15 +152,17 @@ class ControlServer:
                  if p.in_run_seconds is not None and p.in_run_seconds > self.stall_timeout}
         if not stuck:
             return None
-        lowest = min(p.steps for p in progress.values())
-        behind = [f"{name} (step {p.steps}, " + (
-            f"in a run for {p.in_run_seconds:.0f} s)" if p.in_run_seconds is not None
-            else "not in a run)") for name, p in progress.items() if p.steps == lowest]
-        waiting = [name for name in stuck if progress[name].steps > lowest]
-        message = (f"stalled: {len(stuck)} worker(s) in a step for more than "
-                   f"{self.stall_timeout:g} s (stall_timeout_secs); behind: {', '.join(behind)}")
-        if waiting:
-            message += f"; waiting for them: {', '.join(waiting)}"
+        # Those not in that step (they have not finished more steps than the stuck ones) are
+        # the ones the others wait for.
+        step = max(p.steps for p in stuck.values())
+        behind = [f"{name} (step {p.steps}, " + ("not in a run)" if p.in_run_seconds is None
+                                                  else f"in a run for {p.in_run_seconds:.0f} s)")
+                  for name, p in progress.items() if name not in stuck and p.steps <= step]
+        waiting = ", ".join(f"{name} (step {p.steps + 1})" for name, p in stuck.items())
+        message = (f"stalled: {waiting} in a step for more than {self.stall_timeout:g} s "
+                   "(stall_timeout_secs)")
+        message += (f"; behind: {', '.join(behind)}" if behind
+                    else "; every worker is in it (a server or the network does not answer)")
         return message + (". Workers wait for each other in every step: each must run the "
                           "same sequence of training runs")
 

@@ -74,8 +74,8 @@ def test_workers_stuck_in_a_step_are_a_stall_naming_the_one_behind():
         run_processes(specs, watchdog=control.check)
     control.stop()
     message = str(failure.value)
-    assert "stalled" in message and "behind: h:worker:1 (step 4, not in a run)" in message
-    assert "waiting for them: h:worker:0" in message
+    assert "stalled: h:worker:0 (step 6) in a step" in message
+    assert "behind: h:worker:1 (step 4, not in a run)" in message
     assert _leftovers() == []
 
 

@@ -128,8 +128,8 @@ def test_workers_out_of_step_are_a_stall_naming_the_one_behind():
     started = time.monotonic()
     code, output = _finish(driver)
     assert code == 124, output
-    assert "stalled" in output and "behind: localhost:worker:1 (step 3, not in a run)" in output
-    assert "waiting for them: localhost:worker:0" in output
+    assert "stalled: localhost:worker:0 (step 4) in a step for more than 5 s" in output, output
+    assert "behind: localhost:worker:1 (step 3, not in a run)" in output
     assert time.monotonic() - started < 60
     _assert_nothing_left(token)
 
