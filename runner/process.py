@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from runner.output import OutputFilter
+from runner.output import PAST_STARTUP, OutputFilter
 from runner.ssh import SSHConfig, environment_line, forwarded_env
 
 GRACE_SECONDS = 5.0  # from SIGTERM to SIGKILL: time for a last checkpoint
@@ -119,7 +119,7 @@ class _Process:
         shown = OutputFilter(self.spec.hold_until_started)
         try:
             for line in iter(self.popen.stdout.readline, b""):
-                if log is not None:  # the log file keeps every line
+                if log is not None and line != PAST_STARTUP:  # the log keeps every line
                     log.write(line)
                     log.flush()
                 for kept in shown.feed(line):
