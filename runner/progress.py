@@ -1,7 +1,7 @@
 """The job's progress as the driver shows it: a tqdm bar on its terminal (global step, steps/s,
 the reported scalars averaged over workers) and a metrics file of the same, one JSON object a
-line, that a plot can be drawn from (`time`, `step`, `steps_per_sec`, `step_seconds`, and one
-key per reported scalar)."""
+line (`time`, `step`, `steps_per_sec`, `step_seconds`, and one key per reported scalar):
+`python -m runner.progress METRICS_FILE IMAGE.png` plots it."""
 from __future__ import annotations
 
 import json
@@ -82,3 +82,30 @@ class ProgressDisplay:
             self._bar.close()
         if self._metrics is not None:
             self._metrics.close()
+
+
+def plot(metrics_file: str, image: str) -> None:
+    """Draw a metrics file: each recorded value against the global step, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(metrics_file) as lines:
+        records = [json.loads(line) for line in lines if line.strip()]
+    names = sorted({k for r in records for k in r} - {"step", "time"})
+    figure, axes = plt.subplots(len(names), 1, sharex=True, squeeze=False,
+                                figsize=(7, 2.2 * len(names)))
+    for axis, name in zip(axes[:, 0], names):
+        points = [(r["step"], r[name]) for r in records if name in r]
+        axis.plot([s for s, _ in points], [v for _, v in points], marker=".")
+        axis.set_ylabel(name)
+    axes[-1, 0].set_xlabel("global step")
+    figure.tight_layout()
+    figure.savefig(image)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m runner.progress METRICS_FILE IMAGE.png")
+    plot(sys.argv[1], sys.argv[2])

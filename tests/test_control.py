@@ -15,7 +15,7 @@ import pytest
 from runner.control import ControlServer, Progress
 from runner.output import PAST_STARTUP, OutputFilter
 from runner.process import GRACE_SECONDS, JobFailed, ProcessSpec, run_processes
-from runner.progress import ProgressDisplay, summarize
+from runner.progress import ProgressDisplay, plot, summarize
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process of a job: beats, then runs 'steps' of 0.05 s (reporting a loss), then sleeps.
@@ -206,3 +206,5 @@ def test_the_progress_bar_and_metrics_file_follow_the_workers(tmp_path, capsys):
     assert "30step" in bar.replace(" ", "") and "loss=2" in bar
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert records[-1]["step"] == 30 and records[-1]["time"] > records[0]["time"]
+    plot(str(metrics), str(tmp_path / "progress.png"))
+    assert (tmp_path / "progress.png").read_bytes().startswith(b"\x89PNG")
