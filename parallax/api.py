@@ -134,14 +134,19 @@ def _initialize(session, graph, cluster, checkpointer) -> None:
         # The chief initializes the runner's own server state (mirrors) last: once it is
         # there, the others know the model's variables are ready.
         ready_signal = graph.get_collection(SERVER_STATE_COLLECTION)
-        session.run([tf.compat.v1.variables_initializer(replicas),
-                     tf.compat.v1.tables_initializer()])
+        # Every op is built before the first run: a group built later marks its inputs
+        # (an attribute), which TensorFlow warns about once a session has run them.
+        own = [tf.compat.v1.variables_initializer(replicas), tf.compat.v1.tables_initializer()]
         if cluster.is_chief:
-            session.run(tf.compat.v1.variables_initializer(on_servers))
+            servers_first = tf.compat.v1.variables_initializer(on_servers)
+            signal_last = tf.compat.v1.variables_initializer(ready_signal)
+            session.run(own)
+            session.run(servers_first)
             checkpointer.restore(session)
-            session.run(tf.compat.v1.variables_initializer(ready_signal))
-        elif on_servers or ready_signal:
+            session.run(signal_last)
+        else:
             uninitialized = tf.compat.v1.report_uninitialized_variables(on_servers + ready_signal)
+            session.run(own)
             while len(session.run(uninitialized)):
                 time.sleep(0.2)
     session.run(graph.get_collection(BROADCAST_COLLECTION))

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from test_cluster import reason as no_cluster_reason
+from emulated import reason as no_cluster_reason
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import analytic  # noqa: E402

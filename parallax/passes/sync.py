@@ -67,13 +67,15 @@ def release_step(graph: tf.Graph, reached: Iterable[tf.Operation]) -> tf.Operati
     records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
     handles = next(r["token_queues"] for r in records if "token_queues" in r)
     with graph.as_default(), tf.name_scope("parallax_sync/release"):
-        with tf.control_dependencies(list(reached)):
-            if not handles:
-                return tf.no_op()
-            token = tf.constant(0, tf.int64)
-            return tf.group(*[tf.raw_ops.QueueEnqueueV2(handle=graph.get_tensor_by_name(h),
-                                                        components=[token])
-                              for h in handles])
+        token = tf.constant(0, tf.int64)
+        releases = [tf.raw_ops.QueueEnqueueV2(handle=graph.get_tensor_by_name(h),
+                                              components=[token]) for h in handles]
+        releases = releases or [tf.no_op()]
+        # Not tf.control_dependencies: it marks the ops it waits for with an attribute, a
+        # mutation of ops a session has run (TensorFlow warns about each).
+        for release in releases:
+            release._add_control_inputs(list(reached))  # pylint: disable=protected-access
+        return tf.group(*releases)
 
 
 def read_server_writes(graph: tf.Graph) -> dict:
