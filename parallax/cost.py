@@ -1,0 +1,156 @@
+"""The cost model: for each way of synchronizing a variable, the bytes every machine's link
+carries in one step, and the step time those bytes cost on links of a given latency and
+bandwidth. Pure functions of a variable's statistics and the cluster's shape: no TensorFlow.
+
+H machines of G workers each (N = H*G). A variable of w bytes; a sparse gradient has `rows`
+rows per worker and step (repeated ids counted), each `row_bytes` of values and `index_bytes`
+of index, and unique[k-1] distinct ids in k workers' batches (unique[0] = alpha * rows of the
+variable, the paper's alpha). The paper's Table 3, counted per machine link:
+
+- allreduce (ring over N workers, a machine's workers adjacent): 2w(N-1)/N each way;
+- allgather (ring): every worker's rows with indices, q, reach every other worker: (N-1)q;
+- parameter server on machine s: each worker pulls p (the rows it reads; its unique rows
+  when it asks for each once) and pushes q; s sends (N-G)p and receives (N-G)q, every other
+  machine receives Gp and sends Gq; with local aggregation a machine pushes its workers'
+  rows summed by id once, q_G (unique[G-1] rows), so s receives (H-1)q_G;
+- a variable split in k row shards over k servers moves the same rows, 1/k to each.
+
+Time: each link is a full-duplex pipe of `bandwidth` bytes/s that adds `latency` per message;
+the step's communication takes as long as its busiest link direction, and the runtime runs it
+after the compute (`overlap`, the share of the shorter of the two that is hidden, is 0 today).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ALLREDUCE, ALLGATHER, PS = "allreduce", "allgather", "parameter server"
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableStats:
+    name: str
+    nbytes: int  # the whole variable
+    rows: Optional[int] = None  # gradient rows per worker and step; None: a dense gradient
+    row_bytes: int = 0
+    index_bytes: int = 8
+    unique: Tuple[int, ...] = ()  # distinct ids in the batches of 1, 2, ... N workers
+    reads: int = 1  # pulls of a dense server variable a step (a while loop's iterations)
+
+    @property
+    def sparse(self) -> bool:
+        return self.rows is not None
+
+    def distinct(self, workers: int) -> int:
+        return self.unique[min(workers, len(self.unique)) - 1] if self.unique else self.rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    machines: int
+    workers_per_machine: int
+
+    @property
+    def workers(self) -> int:
+        return self.machines * self.workers_per_machine
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    bandwidth: float = 12.5e6  # bytes/s each way between machines (100 Mbit/s)
+    latency: float = 200e-6  # seconds a message costs besides its bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    how: str  # ALLREDUCE, ALLGATHER or PS
+    servers: Tuple[int, ...] = ()  # PS: the machines holding its shards
+
+    def __str__(self):
+        if self.how != PS:
+            return self.how
+        return f"{PS} on {'machine' if len(self.servers) == 1 else 'machines'} " + ", ".join(
+            map(str, self.servers))
+
+
+Traffic = List[List[float]]  # per machine: [bytes sent, bytes received]
+
+
+def link_bytes(var: VariableStats, method: Method, cluster: Cluster,
+               local_aggregation: bool = True, unique_pulls: bool = True) -> Traffic:
+    """The bytes each machine's link sends and receives in one step for `var` under `method`."""
+    h, g, n = cluster.machines, cluster.workers_per_machine, cluster.workers
+    traffic = [[0.0, 0.0] for _ in range(h)]
+    if h == 1:
+        return traffic
+    if method.how == ALLREDUCE:
+        for link in traffic:
+            link[0] = link[1] = 2 * var.nbytes * (n - 1) / n
+        return traffic
+    if not var.sparse:
+        pull, push = var.reads * var.nbytes, var.nbytes
+        summed = push
+    else:
+        pull = (var.distinct(1) if unique_pulls else var.rows) * var.row_bytes
+        push = var.rows * (var.row_bytes + var.index_bytes)
+        summed = var.distinct(g) * (var.row_bytes + var.index_bytes)
+    if method.how == ALLGATHER:
+        for link in traffic:
+            link[0] = link[1] = (n - 1) * push
+        return traffic
+    aggregated = var.sparse and local_aggregation
+    k = len(method.servers)
+    for server in method.servers:  # each shard: 1/k of the rows
+        for machine, link in enumerate(traffic):
+            if machine == server:
+                link[0] += (n - g) * pull / k
+                link[1] += ((h - 1) * summed if aggregated else (n - g) * push) / k
+            else:
+                link[0] += (summed if aggregated else g * push) / k
+                link[1] += g * pull / k
+    return traffic
+
+
+def messages(var: VariableStats, method: Method, cluster: Cluster) -> int:
+    """Messages in sequence on the busiest link in one step (each costs a latency)."""
+    if cluster.machines == 1:
+        return 0
+    if method.how in (ALLREDUCE, ALLGATHER):
+        return 2 * (cluster.workers - 1) if method.how == ALLREDUCE else cluster.workers - 1
+    return 2  # a push and a pull, to every shard at once
+
+
+def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,
+              links: Links, compute: float = 0.0, overlap: float = 0.0, **options) -> float:
+    """Seconds per step of a whole plan: compute, then the busiest link direction's bytes and
+    the longest chain of messages, less the overlapped share of the shorter of the two."""
+    total = [[0.0, 0.0] for _ in range(cluster.machines)]
+    rounds = 0
+    for name, method in choice.items():
+        for link, add in zip(total, link_bytes(stats[name], method, cluster, **options)):
+            link[0] += add[0]
+            link[1] += add[1]
+        rounds = max(rounds, messages(stats[name], method, cluster))
+    busiest = max(max(link) for link in total) if total else 0.0
+    communicate = busiest / links.bandwidth + rounds * links.latency
+    return compute + communicate - overlap * min(compute, communicate)
+
+
+def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
+           max_shards: int = 1, **options) -> Dict[str, Method]:
+    """Per variable, largest first, the method that adds least to the predicted step time
+    given the ones chosen so far: allreduce for a dense gradient; for a sparse one allreduce
+    (as dense), allgather, or parameter servers (one, or up to `max_shards` shards)."""
+    choice: Dict[str, Method] = {}
+    by_name = {var.name: var for var in stats}
+    machines = range(cluster.machines)
+    for var in sorted(stats, key=lambda v: -v.nbytes):
+        candidates = [Method(ALLREDUCE)]
+        if var.sparse:
+            candidates.append(Method(ALLGATHER))
+            for k in range(1, min(max_shards, cluster.machines) + 1):
+                candidates += [Method(PS, tuple((first + i) % cluster.machines
+                                                for i in range(k))) for first in machines]
+        choice[var.name] = min(candidates, key=lambda method: step_time(
+            {**choice, var.name: method}, by_name, cluster, links, **options))
+    return choice

@@ -1,0 +1,75 @@
+"""The cost model against figures worked out by hand (2 machines x 2 workers unless said)."""
+import pytest
+
+from parallax.cost import (ALLGATHER, ALLREDUCE, PS, Cluster, Links, Method, VariableStats,
+                           choose, link_bytes, step_time)
+
+TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
+DENSE = VariableStats("w", nbytes=1000)
+# 10 gradient rows a worker (16 bytes of values, 8 of index each); distinct ids in the
+# batches of 1, 2, 3, 4 workers: 6, 9, 12, 14.
+SPARSE = VariableStats("e", nbytes=100 * 16, rows=10, row_bytes=16, index_bytes=8,
+                       unique=(6, 9, 12, 14))
+
+
+def test_allreduce_moves_twice_the_variable_less_one_share_each_way():
+    assert link_bytes(DENSE, Method(ALLREDUCE), TWO_BY_TWO) == [[1500.0, 1500.0]] * 2
+
+
+def test_allgather_sends_every_workers_rows_to_every_other_worker():
+    # q = 10 rows x 24 bytes = 240, from each of the 3 other workers.
+    assert link_bytes(SPARSE, Method(ALLGATHER), TWO_BY_TWO) == [[720.0, 720.0]] * 2
+
+
+def test_a_parameter_server_with_and_without_local_aggregation():
+    # Pulls: each worker's 6 unique rows x 16 = 96; a machine's summed push: 9 rows x 24 = 216.
+    aggregated = link_bytes(SPARSE, Method(PS, (0,)), TWO_BY_TWO)
+    assert aggregated == [[2 * 96, 216], [216, 2 * 96]]
+    plain = link_bytes(SPARSE, Method(PS, (0,)), TWO_BY_TWO, local_aggregation=False,
+                       unique_pulls=False)
+    assert plain == [[2 * 160, 2 * 240], [2 * 240, 2 * 160]]
+
+
+def test_shards_on_every_machine_split_the_server_traffic():
+    # Each machine serves half (96 out, 108 in) and is a client of the other half.
+    assert link_bytes(SPARSE, Method(PS, (0, 1)), TWO_BY_TWO) == [[204, 204], [204, 204]]
+
+
+def test_one_machine_moves_nothing_between_machines():
+    one = Cluster(machines=1, workers_per_machine=4)
+    assert link_bytes(SPARSE, Method(PS, (0,)), one) == [[0.0, 0.0]]
+
+
+def test_step_time_is_compute_then_the_busiest_link_and_its_messages():
+    links = Links(bandwidth=1000.0, latency=0.01)
+    choice = {"w": Method(ALLREDUCE), "e": Method(PS, (0,))}
+    stats = {"w": DENSE, "e": SPARSE}
+    # Busiest direction: 1500 + 216 bytes; the allreduce's 2(N-1) = 6 messages in sequence.
+    assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5) == pytest.approx(
+        0.5 + 1716 / 1000 + 6 * 0.01)
+    assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5, overlap=1.0) == (
+        pytest.approx(1716 / 1000 + 6 * 0.01))
+
+
+def test_a_sparse_gradient_that_is_nearly_dense_goes_to_allreduce():
+    # A 1000-row vocabulary of 64 floats, 5000 ids a worker: every row is in every batch
+    # (alpha = 1). Allreduce moves 2 x 256 kB x 3/4 = 384 kB a link; a server's machine would
+    # send each of the other machine's two workers all 1000 rows: 512 kB.
+    small_vocab = VariableStats("tags", nbytes=1000 * 256, rows=5000, row_bytes=256,
+                                unique=(1000,) * 4)
+    chosen = choose([small_vocab, DENSE], TWO_BY_TWO, Links())
+    assert chosen == {"tags": Method(ALLREDUCE), "w": Method(ALLREDUCE)}
+
+
+def test_a_large_table_read_a_little_goes_to_a_server_and_two_are_balanced():
+    table = dict(nbytes=100_000 * 256, rows=1000, row_bytes=256, unique=(900, 1700, 2400, 3000))
+    chosen = choose([VariableStats("a", **table), VariableStats("b", **table)], TWO_BY_TWO,
+                    Links())
+    assert {m.how for m in chosen.values()} == {PS}
+    assert sorted(m.servers for m in chosen.values()) == [(0,), (1,)]
+
+
+def test_shards_are_chosen_when_one_table_would_load_one_machine():
+    table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
+                          unique=(900, 1700, 2400, 3000))
+    assert choose([table], TWO_BY_TWO, Links(), max_shards=2)["a"] == Method(PS, (0, 1))
