@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from parallax import launch
 from parallax.analysis import analyze
+from parallax.auto import Decision, decide
 from parallax.checkpoint import Checkpointer
 from parallax.cluster import Cluster
 from parallax.config import Config
@@ -53,10 +54,14 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
     if launch.role() == "driver":
-        validate(analysis, config)
-        run_option = effective_run_option(config.run_option, analysis)
+        decision = None
+        if config.run_option == "AUTO":
+            decision = decide(graph, analysis, launch.workers_per_machine(resources))
+        validate(analysis, config, decision)
+        run_option = effective_run_option(config.run_option, analysis, decision)
         launch.run_driver(resources, config, run_option,
-                          uses_horovod(run_option, analysis, config.sync_batch_norm))
+                          uses_horovod(run_option, analysis, config.sync_batch_norm),
+                          decision.to_env() if decision else {})
     return _start_worker(graph, analysis, config)
 
 
@@ -72,7 +77,8 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     cluster = Cluster.from_env()
-    plan = make_plan(analysis, config, cluster, run_index=next(_run_indices))
+    decision = Decision.from_env() if config.run_option == "AUTO" else None
+    plan = make_plan(analysis, config, cluster, run_index=next(_run_indices), decision=decision)
     if plan.uses_horovod:
         import horovod.tensorflow as hvd  # only jobs with replicas join a Horovod job
 
@@ -104,7 +110,7 @@ def _past_startup() -> None:
     (the script's top, run by the driver too) are not shown twice."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os.write(1, PAST_STARTUP)
+    os.write(1, b"\n" + PAST_STARTUP)
 
 
 @functools.lru_cache(maxsize=None)

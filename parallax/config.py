@@ -7,7 +7,7 @@ from typing import Optional
 from runner.ssh import SSHConfig
 
 # 'MPI' is the paper's name for the AllReduce path; both spell the same mode.
-RUN_OPTIONS = {"AR": "AR", "MPI": "AR", "PS": "PS", "HYBRID": "HYBRID"}
+RUN_OPTIONS = {"AR": "AR", "MPI": "AR", "PS": "PS", "HYBRID": "HYBRID", "AUTO": "AUTO"}
 
 
 @dataclasses.dataclass
@@ -52,6 +52,10 @@ class Config:
         'AR' (alias 'MPI', the paper's name): every variable is replicated; dense gradients are
             allreduced and sparse ones allgathered with Horovod.
         'PS': every variable lives on the parameter servers (one per machine).
+        'AUTO': per variable, what the cost model (parallax/cost.py) predicts to be fastest,
+            from the rows its gradients have on the first batches (measured by the driver
+            before launching) and the cluster's shape: allreduce for dense gradients and for
+            sparse ones that are nearly dense, allgather, or a parameter server.
     average_dense / average_sparse: aggregate gradients as the mean over workers (as
         single-device training on the combined batch does for a mean loss) or as the sum.
     sess_config: a tf.compat.v1.ConfigProto for each worker's session (soft placement is

@@ -22,7 +22,7 @@ after the compute (`overlap`, the share of the shorter of the two that is hidden
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 ALLREDUCE, ALLGATHER, PS = "allreduce", "allgather", "parameter server"
 
@@ -137,15 +137,21 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 
 
 def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
-           max_shards: int = 1, **options) -> Dict[str, Method]:
-    """Per variable, largest first, the method that adds least to the predicted step time
-    given the ones chosen so far: allreduce for a dense gradient; for a sparse one allreduce
-    (as dense), allgather, or parameter servers (one, or up to `max_shards` shards)."""
+           max_shards: int = 1, summable: Optional[Collection[str]] = None,
+           **options) -> Dict[str, Method]:
+    """Per variable, the method that adds least to the predicted step time given the ones
+    chosen so far: allreduce for a dense gradient; for a sparse one allreduce (as dense),
+    allgather, or parameter servers (one, or up to `max_shards` shards); as dense only those in
+    `summable` (all when None), whose rows may be summed by id. Dense variables come
+    first (their allreduce, and its latency, is then paid for), then sparse ones, largest
+    first."""
     choice: Dict[str, Method] = {}
     by_name = {var.name: var for var in stats}
     machines = range(cluster.machines)
-    for var in sorted(stats, key=lambda v: -v.nbytes):
-        candidates = [Method(ALLREDUCE)]
+    for var in sorted(stats, key=lambda v: (v.sparse, -v.nbytes)):
+        candidates = []
+        if not var.sparse or summable is None or var.name in summable:
+            candidates.append(Method(ALLREDUCE))
         if var.sparse:
             candidates.append(Method(ALLGATHER))
             for k in range(1, min(max_shards, cluster.machines) + 1):

@@ -11,16 +11,19 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import uuid
 from typing import Dict, List, NoReturn, Tuple
 
 from parallax.cluster import CLUSTER_ENV, SERVER_INDEX_ENV, Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
-from runner import GlooRendezvous, JobFailed, ProcessSpec, load_resources, run_processes
+from runner import JobFailed, ProcessSpec, load_resources, run_processes
 from runner.control import ControlServer
 from runner.free_ports import free_ports
+from runner.process import GRACE_SECONDS
 from runner.progress import ProgressDisplay
+from runner.rendezvous import GlooRendezvous
 from runner.resources import is_local
 from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
@@ -41,7 +44,14 @@ def worker_count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def run_driver(resources: str, config: Config, run_option: str, with_horovod: bool) -> NoReturn:
+def workers_per_machine(resources: str) -> List[int]:
+    return [len(host.slots) for host in load_resources(resources)]
+
+
+def run_driver(resources: str, config: Config, run_option: str, with_horovod: bool,
+               job_env: Dict[str, str]) -> NoReturn:
+    """Run the job (again, up to config.max_restarts times, when it fails) and exit with its
+    status. `job_env` goes to every process of the job."""
     hosts = load_resources(resources)
     remote = [h.name for h in hosts if not is_local(h.name)]
     if remote and len(remote) < len(hosts):
@@ -56,7 +66,7 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(config.max_restarts + 1):
         try:
-            _run_job(hosts, address, config, ssh, run_option, with_horovod)
+            _run_job(hosts, address, config, ssh, run_option, with_horovod, attempt, job_env)
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == config.max_restarts:
@@ -64,6 +74,8 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
             say(f"restarting the job from the latest checkpoint in "
                 f"{config.ckpt_config.ckpt_dir} (restart {attempt + 1} of "
                 f"{config.max_restarts})")
+            if config.base_port:
+                time.sleep(GRACE_SECONDS)  # the same ports: let the last processes go
         else:
             _exit(0)
 
@@ -90,7 +102,7 @@ def _exit(code: int) -> NoReturn:
 
 
 def _run_job(hosts, address, config: Config, ssh: SSHConfig, run_option: str,
-             with_horovod: bool) -> None:
+             with_horovod: bool, attempt: int, job_env: Dict[str, str]) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     with_servers = run_option in ("PS", "HYBRID")
@@ -121,9 +133,10 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, run_option: str,
                                 config.heartbeat_timeout_secs, config.stall_timeout_secs)
         stack.callback(control.stop)
         for spec in specs:
+            spec.env.update(job_env)
             spec.env.update(control.env_for(spec.name, address))
         bar = sys.stderr.isatty() if config.progress_bar is None else config.progress_bar
-        display = ProgressDisplay(control, config.metrics_file, bar)
+        display = ProgressDisplay(control, config.metrics_file, bar, attempt=attempt)
         stack.callback(display.close)
         run_processes(specs, watchdog=control.check, write=display.write_line)
 
@@ -138,10 +151,13 @@ def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:
 
 def _address_towards(host: str) -> str:
     """This machine's address on the route to `host`: where remote ranks find the rendezvous."""
-    host = host.strip("[]")  # an IPv6 address without its brackets
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    name = host.strip("[]")  # an IPv6 address without its brackets
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))  # UDP: picks the route, sends nothing
+        try:
+            probe.connect((name, 9))  # UDP: picks the route, sends nothing
+        except OSError as error:  # socket.gaierror: the name does not resolve
+            raise ParallaxError(f"host {host} of the resources: {error}") from None
         return probe.getsockname()[0]
 
 

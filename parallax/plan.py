@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from parallax import cost
 from parallax.analysis import GraphAnalysis, VariableInfo
 from parallax.cluster import Cluster
 from parallax.config import Config, PSConfig
 from parallax.errors import ParallaxError
+
+if TYPE_CHECKING:  # parallax.auto reads the graph through the passes, which read plans
+    from parallax.auto import Decision
 
 
 class Sync(enum.Enum):
@@ -39,6 +43,7 @@ class Plan:
     batch_moments: List[Tuple[str, str]]
     averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
     run_index: int = 0  # which get_runner call of the process this plan is for
+    decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
 
     @property
     def sync_batch_norm(self) -> bool:
@@ -57,9 +62,13 @@ class Plan:
         return self.extra_state_servers.get(variable)
 
 
-def effective_run_option(run_option: str, analysis: GraphAnalysis) -> str:
+def effective_run_option(run_option: str, analysis: GraphAnalysis,
+                         decision: Optional[Decision] = None) -> str:
     """HYBRID needs both kinds of variable; without one of them it is AR or PS, so no process
-    is started that would have nothing to do."""
+    is started that would have nothing to do. AUTO is what its decision makes of it."""
+    if run_option == "AUTO":
+        on_servers = [_chosen(info, decision)[0] is Sync.PS for info in analysis.variables.values()]
+        return "PS" if all(on_servers) else "HYBRID" if any(on_servers) else "AR"
     if run_option != "HYBRID":
         return run_option
     if not analysis.sparse:
@@ -68,8 +77,8 @@ def effective_run_option(run_option: str, analysis: GraphAnalysis) -> str:
 
 
 def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
-              run_index: int = 0) -> Plan:
-    run_option = effective_run_option(config.run_option, analysis)
+              run_index: int = 0, decision: Optional[Decision] = None) -> Plan:
+    run_option = effective_run_option(config.run_option, analysis, decision)
     if config.sync_batch_norm and analysis.fused_batch_norms:
         raise ParallaxError(
             f"sync_batch_norm: {analysis.fused_batch_norms[0]!r} is a fused batch norm, whose "
@@ -79,13 +88,17 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     variables = {}
     for info in analysis.variables.values():
         average = config.average_sparse if info.is_sparse else config.average_dense
+        if decision is not None:
+            sync, server = _chosen(info, decision)
+            variables[info.name] = VariablePlan(info, sync, average, server)
+            continue
         if run_option == "PS" or (run_option == "HYBRID" and info.is_sparse):
             sync = Sync.PS
         else:
             sync = Sync.ALLGATHER if info.is_sparse else Sync.ALLREDUCE
         variables[info.name] = VariablePlan(info, sync, average)
-    _partition_by_bytes([p for p in variables.values() if p.sync is Sync.PS],
-                        len(cluster.servers))
+    _partition_by_bytes([p for p in variables.values() if p.sync is Sync.PS
+                         and p.server is None], len(cluster.servers))
     extra_state_servers = _place_extra_state(analysis, variables, run_option)
     server_writes = [op for p in variables.values() if p.sync is Sync.PS
                      for op in p.variable.update_ops]
@@ -97,13 +110,24 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
                 config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
                 analysis.batch_moments if config.sync_batch_norm else [],
-                analysis.averaged_writes, run_index)
+                analysis.averaged_writes, run_index, decision)
 
 
-def validate(analysis: GraphAnalysis, config: Config) -> None:
+def _chosen(info: VariableInfo, decision: Decision) -> Tuple[Sync, Optional[int]]:
+    """AUTO's choice for a variable (its server, if it decided one); HYBRID's rule for one the
+    driver did not see (a graph built after the first get_runner of the script)."""
+    chosen = decision.methods.get(info.name)
+    if chosen is None:
+        return (Sync.PS if info.is_sparse else Sync.ALLREDUCE), None
+    return Sync(chosen["how"]), chosen["server"]
+
+
+def validate(analysis: GraphAnalysis, config: Config,
+             decision: Optional[Decision] = None) -> None:
     """Raise, in the driver before anything starts, the errors make_plan would raise in the
     workers: which side of the servers a variable is on does not depend on the cluster."""
-    make_plan(analysis, config, Cluster(worker_machines=[0], servers=["validation:0"]))
+    make_plan(analysis, config, Cluster(worker_machines=[0], servers=["validation:0"]),
+              decision=decision)
 
 
 def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
@@ -186,8 +210,13 @@ def _on_server_in_ps(analysis: GraphAnalysis, name: str) -> bool:
 
 
 def describe(plan: Plan) -> str:
-    """A table of every variable: kind, shape, bytes, where it lives, how it is synchronized."""
-    rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")]
+    """A table of every variable: kind, shape, bytes, where it lives, how it is synchronized;
+    under AUTO also alpha (the share of its rows one worker's batch touches), the bytes the
+    busiest link carries for it in a step as predicted, and its share of those."""
+    predicted = _predicted_bytes(plan)
+    rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
+            + (("alpha", "predicted bytes", "share") if predicted else ())]
+    total = sum(predicted.values()) or 1
     for var_plan in plan.variables.values():
         info = var_plan.variable
         how = f"{var_plan.sync.value} ({'mean' if var_plan.average else 'sum'})"
@@ -195,12 +224,39 @@ def describe(plan: Plan) -> str:
             where = f"server {var_plan.server} ({plan.cluster.servers[var_plan.server]})"
         else:
             where = "every worker (replica)"
-        rows.append((info.name, "sparse" if info.is_sparse else "dense", str(list(info.shape)),
-                     str(info.nbytes), where, how))
+        row = (info.name, "sparse" if info.is_sparse else "dense", str(list(info.shape)),
+               str(info.nbytes), where, how)
+        if predicted:
+            stats = plan.decision.variable_stats()[info.name]
+            alpha = (f"{stats.distinct(1) / info.shape[0]:.3f}" if stats.sparse else "-")
+            row += (alpha, f"{predicted[info.name]:.0f}",
+                    f"{predicted[info.name] / total:.0%}")
+        rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
              for row in rows]
     header = (f"Parallax plan: run_option={plan.run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
               + (", local aggregation" if plan.ps_config.local_aggregation and plan.cluster.servers else ""))
+    if plan.decision is not None:
+        header += f"\nAUTO: {plan.decision.note}"
     return "\n".join([header] + lines)
+
+
+def _predicted_bytes(plan: Plan) -> Dict[str, float]:
+    """Per variable, the bytes of a step on the link it loads most (AUTO plans only)."""
+    if plan.decision is None or not plan.decision.stats:
+        return {}
+    shape = cost.Cluster(plan.cluster.num_machines,
+                         max(len(plan.cluster.workers_on(m))
+                             for m in range(plan.cluster.num_machines)))
+    stats = plan.decision.variable_stats()
+    predicted = {}
+    for name, var_plan in plan.variables.items():
+        method = cost.Method(var_plan.sync.value,
+                             (var_plan.server,) if var_plan.sync is Sync.PS else ())
+        traffic = cost.link_bytes(stats[name], method, shape,
+                                  local_aggregation=plan.ps_config.local_aggregation,
+                                  unique_pulls=plan.ps_config.boundary_between_workers_and_servers)
+        predicted[name] = max(max(link) for link in traffic)
+    return predicted

@@ -39,8 +39,9 @@ class ParallaxRunner:
         self._initializers = _initializer_names(graph)
         self._skipped_initializer = None
         self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
-        self._in_run = False
+        self._busy = False  # in a run or a save: a SIGTERM waits for its end
         self._stop_requested = False
+        self._previous_sigterm = None
         if checkpointer is not None and checkpointer.active:
             self._save_on_sigterm()
 
@@ -62,43 +63,54 @@ class ParallaxRunner:
             self._element(key, "feed key"): value for key, value in feed_dict.items()}
         if self._heartbeat is not None:
             self._heartbeat.run_started()
-        self._in_run = True
+        self._busy, training, scalars = True, False, {}
         try:
             (result, values), training = self._steps.run(
                 self.session, (mapped, reported), feeds, options, run_metadata)
+            scalars = _scalars(values)
+            if self._checkpointer is not None:
+                self._checkpointer.after_run(self.session)
         finally:
-            self._in_run = False
-        if self._heartbeat is not None:
-            self._heartbeat.run_finished(training, _scalars(values))
-        if self._checkpointer is not None:
-            self._checkpointer.after_run(self.session)
-        if self._stop_requested:
-            self._save_and_exit()
+            self._busy = False
+            if self._heartbeat is not None:
+                self._heartbeat.run_finished(training, scalars)
+            if self._stop_requested:
+                self._save_and_exit()
         return result
 
     def close(self) -> None:
         """Save a last checkpoint (when configured) and close the session."""
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
         if self._checkpointer is not None:
+            self._busy = True
             self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+            self._busy = False
         self.session.close()
 
     def _save_on_sigterm(self) -> None:
-        """A SIGTERM (the driver stopping the job) saves a checkpoint before the process
-        exits, between steps: at once, or when the run under way ends."""
+        """A SIGTERM (the driver stopping the job) saves a checkpoint before the process exits,
+        between steps: at once, or when the run or save under way ends (a run that never ends,
+        waiting for a peer that is gone, ends with the SIGKILL that follows)."""
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
 
         def on_sigterm(*_):
-            if self._in_run:
+            if self._busy:
                 self._stop_requested = True
             else:
                 self._save_and_exit()
 
-        signal.signal(signal.SIGTERM, on_sigterm)
+        self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
 
     def _save_and_exit(self) -> None:
-        self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
-        log.warning("stopped by SIGTERM after saving a checkpoint")
+        self._stop_requested, self._busy = False, True
+        try:
+            self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+            log.warning("stopped by SIGTERM after saving a checkpoint")
+        except Exception as error:  # pylint: disable=broad-except
+            log.warning("stopped by SIGTERM; the checkpoint could not be saved: %s", error)
         sys.exit(128 + signal.SIGTERM)
 
     def __enter__(self):

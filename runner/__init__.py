@@ -6,7 +6,8 @@ commands it is given.
 """
 from runner.resources import Host, ResourceError, load_resources
 from runner.process import ProcessSpec, JobFailed, run_processes
-from runner.rendezvous import GlooRendezvous
 
+# runner.rendezvous (Horovod's) is imported where needed: the processes of a job import this
+# package too (runner.remote_exec, runner.control), and need not load Horovod for it.
 __all__ = ["Host", "ResourceError", "load_resources", "ProcessSpec", "JobFailed",
-           "run_processes", "GlooRendezvous"]
+           "run_processes"]

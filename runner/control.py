@@ -32,9 +32,10 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc  # noqa: E402
 
+from runner.process import GRACE_SECONDS  # noqa: E402
+
 CONTROL_ENV = "PARALLAX_CONTROL"  # JSON: address, job, name, timeout (see Heartbeat.from_env)
 _BEAT = "/parallax.Control/Beat"
-STOP_GRACE_SECONDS = 5.0
 
 
 def _encode(message) -> bytes:
@@ -144,10 +145,11 @@ class ControlServer:
                     return (f"{name} sent no heartbeat for {now - status.last_beat:.0f} s "
                             f"(heartbeat_timeout_secs={self.heartbeat_timeout:g}): it is "
                             "stopped, hung, or cut off from this machine")
-            return self._stall(now)
+            return self._stall(exited)
 
-    def _stall(self, now: float) -> Optional[str]:
-        progress = {name: self._status[name].progress for name in self.workers}
+    def _stall(self, exited) -> Optional[str]:
+        progress = {name: self._status[name].progress for name in self.workers
+                    if name not in exited and self._status[name].exiting_since is None}
         stuck = {name: p for name, p in progress.items()
                  if p.in_run_seconds is not None and p.in_run_seconds > self.stall_timeout}
         if not stuck:
@@ -193,6 +195,7 @@ class Heartbeat:
         text = os.environ.get(CONTROL_ENV)
         if not text:
             return None
+        del os.environ[CONTROL_ENV]  # this process's own: not for processes it starts
         settings = json.loads(text)
         return cls(settings["address"], settings["job"], settings["name"], settings["timeout"])
 
@@ -230,21 +233,33 @@ class Heartbeat:
 
     def _take_progress(self) -> dict:
         with self._lock:
-            progress = dataclasses.replace(self._progress, scalars=self._progress.scalars)
+            progress = self._progress
             if self._run_started is not None:
                 progress.in_run_seconds = time.monotonic() - self._run_started
-            self._progress = Progress(steps=self._progress.steps)
+            self._progress = Progress(steps=progress.steps)
         return dataclasses.asdict(progress)
+
+    def _give_back(self, taken: dict) -> None:
+        """Progress a beat that failed could not deliver goes with the next one."""
+        with self._lock:
+            self._progress.new_steps += taken["new_steps"]
+            self._progress.step_seconds += taken["step_seconds"]
+            for name, (value, count) in taken["scalars"].items():
+                total = self._progress.scalars.setdefault(name, [0.0, 0])
+                total[0] += value
+                total[1] += count
 
     def _loop(self) -> None:
         answered = time.monotonic()
         while True:
             started = time.monotonic()
+            progress = self._take_progress()
             try:
-                reply = self._call(dict(self._request, progress=self._take_progress()),
+                reply = self._call(dict(self._request, progress=progress),
                                    timeout=self._interval * 2)
-            except grpc.RpcError:
+            except Exception:  # pylint: disable=broad-except  (this thread must go on beating)
                 reply = None
+                self._give_back(progress)
             if reply is not None and not reply.get("ok"):
                 self._stop_process(f"the driver says: {reply.get('reason')}")
                 return
@@ -261,10 +276,11 @@ class Heartbeat:
         the driver is gone, so nobody else will stop it."""
         print(f"parallax: {why}: stopping {self._request['name']}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(STOP_GRACE_SECONDS)
+        time.sleep(GRACE_SECONDS)
         if os.getpgrp() == os.getpid():  # a group of its own: what it started, too
             os.killpg(os.getpgrp(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 _heartbeat: Optional[Heartbeat] = None

@@ -54,10 +54,15 @@ class JobFailed(RuntimeError):
         self.by_user = by_user  # stopped on purpose (a signal, a closed output): not to retry
 
 
+# Resolved here, in the parent: after a fork of a process with threads (grpc's, the output
+# pumps) the child may only call what is already loaded, not dlopen.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def die_with_parent():
-    # A child outlives a SIGKILLed driver unless the kernel is told to signal it.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In a child between fork and exec: the kernel sends it SIGTERM when its parent dies
+    (a child outlives a SIGKILLed parent otherwise)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def write_stdout(line: bytes) -> None:
@@ -80,7 +85,7 @@ class _Output:
                 return
             try:
                 self._write(line)
-            except (BrokenPipeError, OSError, ValueError):
+            except (BrokenPipeError, ValueError):  # ValueError: the file object was closed
                 self.closed.set()
 
 

@@ -1,6 +1,7 @@
 """The job's progress as the driver shows it: a tqdm bar on its terminal (global step, steps/s,
 the reported scalars averaged over workers) and a metrics file of the same, one JSON object a
-line (`time`, `step`, `steps_per_sec`, `step_seconds`, and one key per reported scalar):
+line (`time`, `step`, `steps_per_sec`, `step_seconds`, one key per reported scalar, and
+`attempt` after a restart, which counts time and steps from 0 again):
 `python -m runner.progress METRICS_FILE IMAGE.png` plots it."""
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def summarize(progress: Dict[str, Progress]) -> dict:
 
 class ProgressDisplay:
     def __init__(self, control: ControlServer, metrics_file: Optional[str], bar: bool,
-                 interval: float = 1.0):
+                 interval: float = 1.0, attempt: int = 0):
         self._control = control
+        self._attempt = attempt  # a restarted job counts its steps from 0 again
         self._interval = interval
         self._metrics = open(metrics_file, "a") if metrics_file else None
         self._bar = tqdm(unit="step", dynamic_ncols=True, file=sys.stderr) if bar else None
@@ -55,7 +57,16 @@ class ProgressDisplay:
 
     def _loop(self) -> None:
         while not self._stopped.wait(self._interval):
+            self._update_or_stop()
+
+    def _update_or_stop(self) -> None:
+        """Progress is a view of the job: when it fails (a full disk under the metrics file),
+        it stops, the job goes on."""
+        try:
             self._update()
+        except Exception as error:  # pylint: disable=broad-except
+            self._stopped.set()
+            print(f"parallax: progress display stopped: {error!r}", file=sys.stderr)
 
     def _update(self) -> None:
         record = summarize(self._control.take_progress())
@@ -66,6 +77,8 @@ class ProgressDisplay:
         record["steps_per_sec"] = (record["step"] - last_step) / (now - last_time)
         self._last = (now, record["step"])
         record["time"] = round(now - self._started, 3)
+        if self._attempt:
+            record["attempt"] = self._attempt
         if self._metrics is not None:
             self._metrics.write(json.dumps(record) + "\n")
             self._metrics.flush()
@@ -75,9 +88,11 @@ class ProgressDisplay:
                                    if k not in ("step", "time", "steps_per_sec")}, refresh=True)
 
     def close(self) -> None:
+        already_stopped = self._stopped.is_set()
         self._stopped.set()
         self._thread.join()
-        self._update()
+        if not already_stopped:
+            self._update_or_stop()
         if self._bar is not None:
             self._bar.close()
         if self._metrics is not None:
@@ -93,7 +108,7 @@ def plot(metrics_file: str, image: str) -> None:
 
     with open(metrics_file) as lines:
         records = [json.loads(line) for line in lines if line.strip()]
-    names = sorted({k for r in records for k in r} - {"step", "time"})
+    names = sorted({k for r in records for k in r} - {"step", "time", "attempt"})
     figure, axes = plt.subplots(len(names), 1, sharex=True, squeeze=False,
                                 figsize=(7, 2.2 * len(names)))
     for axis, name in zip(axes[:, 0], names):

@@ -77,3 +77,31 @@ def test_sum_aggregation_is_single_device_on_the_summed_loss(tmp_path, run_optio
     for name, value in expected.items():
         np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("dense_ids", [True, False], ids=["nearly-dense", "sparse"])
+def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkeypatch,
+                                                                 dense_ids):
+    """run_option='AUTO' on 2 machines x 2 workers: an embedding whose every row is in every
+    batch is allreduced (its slices summed to dense and back, so Adam and momentum update the
+    touched rows only, as on one device); one read a little goes to a parameter server."""
+    configs = ["adam", "momentum+clip", "sgd"] if dense_ids else ["adam"]
+    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", "sparse",
+                     "--resources", TWO_MACHINES, "--run-option", "AUTO", "--out",
+                     str(tmp_path), "--configs", *configs,
+                     *(["--dense-ids"] if dense_ids else []), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    plan = [line for line in result.stdout.splitlines() if "] embedding " in line][0]
+    assert ("allreduce" if dense_ids else "parameter server") in plan, result.stdout[-3000:]
+    assert "AUTO: cost model" in result.stdout
+    if dense_ids:
+        monkeypatch.setattr(equivalence, "IDS_PER_EXAMPLE", 60)
+        monkeypatch.setattr(equivalence, "ID_RANGE", equivalence.VOCAB)
+    for config in configs:
+        expected, _ = equivalence.train_single_device(
+            "sparse", config, 4 * equivalence.BATCH_PER_WORKER)
+        for worker in range(4):
+            saved = np.load(tmp_path / f"{config}.worker{worker}.npz")
+            for name, value in expected.items():
+                np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{config}: {name} on worker {worker}")

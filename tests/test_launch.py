@@ -134,6 +134,14 @@ def test_workers_out_of_step_are_a_stall_naming_the_one_behind():
     _assert_nothing_left(token)
 
 
+def test_a_run_that_failed_and_was_caught_is_not_a_stall():
+    driver, token = _start("caught-error", PARALLAX_TEST_STALL_SECS="3")
+    code, output = _finish(driver)
+    assert code == 0, output
+    assert "worker 1 done" in output
+    _assert_nothing_left(token)
+
+
 def test_what_the_script_prints_before_get_runner_shows_once():
     driver, token = _start("ok")
     code, output = _finish(driver)

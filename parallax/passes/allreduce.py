@@ -8,6 +8,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from parallax.passes import row_sums
 from parallax.passes.rewire import record_aggregated, reroute
 from parallax.plan import Plan, Sync
 
@@ -15,12 +16,16 @@ BROADCAST_COLLECTION = "parallax_broadcast"
 
 
 def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    """Dense gradients become their allreduce; sparse ones the allgather of their slices."""
+    """Dense gradients become their allreduce; sparse ones the allgather of their slices, or
+    (Sync.ALLREDUCE for a sparse variable: its gradients are nearly dense) the allreduce of
+    their dense sum."""
     with graph.as_default(), tf.name_scope("parallax_allreduce"):
         for var_plan in plan.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER):
             op = hvd.Average if var_plan.average else hvd.Sum
             for record in var_plan.variable.gradients:
-                if record.is_sparse:
+                if record.is_sparse and var_plan.sync is Sync.ALLREDUCE:
+                    _aggregate_sparse_as_dense(graph, record, var_plan)
+                elif record.is_sparse:
                     _aggregate_sparse(graph, record, op)
                 else:
                     _aggregate_dense(graph, record, op)
@@ -47,6 +52,39 @@ def _aggregate_sparse(graph, record, op):
     for old, new in ((values, aggregated.values), (indices, aggregated.indices)):
         reroute(old, new, consumers[old])
         record_aggregated(old, new)
+
+
+def _aggregate_sparse_as_dense(graph, record, var_plan):
+    """The slices summed into the variable's shape, with a count of rows, are allreduced; the
+    rows any worker touched come out as slices again, so that the optimizer updates those rows
+    only, as its sparse update on one device does (Adam's slots of other rows do not decay).
+    Summing rows of one id is only allowed where the model just adds them into the variable
+    (row_sums.rows_can_be_summed, checked when AUTO chose this); the L2 norm of every row, what
+    clip_by_global_norm sees on one device, travels in one more row."""
+    values = graph.get_tensor_by_name(record.values)
+    indices = graph.get_tensor_by_name(record.indices)
+    consumers = {t: list(t.consumers()) for t in (values, indices)}
+    rows = var_plan.variable.shape[0]
+    with tf.device(values.op.device):
+        flat = tf.reshape(values, [tf.shape(values)[0], -1])
+        counts = tf.ones_like(indices, dtype=values.dtype)[:, None]
+        packed = tf.math.unsorted_segment_sum(tf.concat([flat, counts], 1), indices, rows)
+        norm_row = tf.concat([tf.zeros([1, tf.shape(flat)[1]], values.dtype),
+                              tf.reshape(row_sums.norm_share(values), [1, 1])], 1)
+        summed = hvd.allreduce(tf.concat([packed, norm_row], 0), op=hvd.Sum)
+        touched = tf.where(summed[:rows, -1] > 0)[:, 0]
+        aggregated, norm = tf.gather(summed[:rows, :-1], touched), summed[rows, -1]
+        if var_plan.average:  # the mean loss's rows are each worker's over N
+            workers = tf.cast(hvd.size(), values.dtype)
+            aggregated, norm = aggregated / workers, norm / (workers * workers)
+        row_shape = (values.shape[1:].as_list() if values.shape[1:].is_fully_defined()
+                     else tf.shape(values)[1:])
+        new_values = tf.reshape(aggregated, tf.concat([[-1], row_shape], 0))
+        new_indices = tf.cast(touched, indices.dtype)
+    for old, new in ((values, new_values), (indices, new_indices)):
+        reroute(old, new, consumers[old])
+        record_aggregated(old, new)
+    row_sums.use_carried_norm(consumers[values], norm)
 
 
 def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:

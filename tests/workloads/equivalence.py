@@ -27,6 +27,7 @@ OPTIMIZERS = {
 CONFIGS = [f"{opt}{'+clip' if clip else ''}"
            for opt, clip in itertools.product(OPTIMIZERS, (False, True))]
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
+ID_RANGE = VOCAB // 2  # ids drawn below it (set_dense_ids: every row in every batch)
 STEPS, BATCH_PER_WORKER = 20, 4
 MAX_WORKERS = 4
 NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * MAX_WORKERS
@@ -37,9 +38,16 @@ def _examples(num_examples):
     return {
         "x": rng.randn(num_examples, FEATURES).astype(np.float32),
         # Ids drawn from a small range repeat within a batch, so gradients have duplicate rows.
-        "ids": rng.randint(0, VOCAB // 2, size=(num_examples, IDS_PER_EXAMPLE)).astype(np.int64),
+        "ids": rng.randint(0, ID_RANGE, size=(num_examples, IDS_PER_EXAMPLE)).astype(np.int64),
         "label": rng.randint(0, CLASSES, size=num_examples).astype(np.int64),
     }
+
+
+def set_dense_ids():
+    """Many ids a example, from the whole vocabulary: each worker's batch touches every row
+    of the embedding, whose 'sparse' gradient is then as large as the variable."""
+    global IDS_PER_EXAMPLE, ID_RANGE
+    IDS_PER_EXAMPLE, ID_RANGE = 60, VOCAB
 
 
 def _initial(shape, seed):
@@ -149,10 +157,13 @@ def main():
     parser.add_argument("--configs", nargs="*", default=CONFIGS, choices=CONFIGS)
     parser.add_argument("--sum", action="store_true",
                         help="aggregate gradients as the sum over workers, not the mean")
+    parser.add_argument("--dense-ids", action="store_true", help="see set_dense_ids")
     parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off")
     args = parser.parse_args()
+    if args.dense_ids:
+        set_dense_ids()
     tf.compat.v1.disable_eager_execution()
     config_of_job = parallax.Config(
         run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,

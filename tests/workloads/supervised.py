@@ -2,7 +2,8 @@
 
     python supervised.py MODE [resources] [redirect_path] [sparse] [run_option]
     MODE: ok | fail-worker-1 | hang | talk (hang, printing each step) | bad-fetch |
-          diverge (worker 1 stops taking steps, the others wait for it in theirs)
+          diverge (worker 1 stops taking steps, the others wait for it in theirs) |
+          caught-error (a run fails, the script catches it and goes on after a pause)
 PARALLAX_TEST_HEARTBEAT_SECS, PARALLAX_TEST_STALL_SECS and PARALLAX_TEST_METRICS set
 Config.heartbeat_timeout_secs, stall_timeout_secs and metrics_file.
 """
@@ -31,6 +32,7 @@ with graph.as_default():
         embedding = tf.compat.v1.get_variable("embedding", [10, 4])
         loss += tf.reduce_sum(tf.nn.embedding_lookup(embedding, [1, 2]) * w)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    fails_when_run = tf.debugging.check_numerics(tf.math.log(-w[0]), "log of a negative")
 
 print(f"graph built for {mode}", flush=True)
 runner = parallax.get_runner(graph, resources, parallax.Config(
@@ -41,7 +43,12 @@ if mode == "fail-worker-1" and runner.worker_id == 1:
     raise RuntimeError("boom from worker 1")
 if mode == "bad-fetch":
     runner.run("no_such_tensor:0")
-steps = 10 if mode == "ok" else 10 ** 9  # the others would wait in allreduce forever
+if mode == "caught-error":
+    try:
+        runner.run(fails_when_run)
+    except tf.errors.InvalidArgumentError:
+        time.sleep(stall + 3)  # outside any run: not a stall
+steps = 10 if mode in ("ok", "caught-error") else 10 ** 9  # the others would wait in allreduce forever
 for step in range(steps):
     if mode == "diverge" and runner.worker_id == 1 and step == 3:
         time.sleep(600)
