@@ -11,7 +11,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from parallax import launch
+from parallax import cost, launch
 from parallax.analysis import analyze
 from parallax.auto import Decision, decide
 from parallax.checkpoint import Checkpointer
@@ -56,7 +56,8 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     if launch.role() == "driver":
         decision = None
         if config.run_option == "AUTO":
-            decision = decide(graph, analysis, launch.workers_per_machine(resources))
+            shape, links = launch.probe_cluster(resources, config)
+            decision = decide(graph, analysis, shape, cost.Links(**links) if links else None)
         validate(analysis, config, decision)
         run_option = effective_run_option(config.run_option, analysis, decision)
         launch.run_driver(resources, config, run_option,

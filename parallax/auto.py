@@ -42,8 +42,11 @@ class Decision:
 
 
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
-           links: cost.Links = cost.Links()) -> Decision:
+           links: Optional[cost.Links] = None) -> Decision:
+    """`links`: as measured between two machines (runner.link_probe); None: assumed."""
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
+    measured = links is not None
+    links = links or cost.Links()
     stats, problem = measure(graph, analysis, shape.workers)
     if problem:
         methods = {v.name: {"how": cost.PS if v.is_sparse else cost.ALLREDUCE, "server": None}
@@ -57,7 +60,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     methods = {name: {"how": method.how, "server": method.servers[0] if method.servers
                       else None} for name, method in chosen.items()}
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
-            f"links of {links.bandwidth * 8 / 1e6:g} Mbit/s and {links.latency * 1e6:g} us")
+            f"links {'measured' if measured else 'assumed'}: "
+            f"{links.bandwidth * 8 / 1e6:.4g} Mbit/s, {links.latency * 1e6:.3g} us")
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note)
 
 

@@ -8,17 +8,19 @@ work. Remote hosts are assumed to have the same paths (script, interpreter, virt
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, NoReturn, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple
 
 from parallax.cluster import CLUSTER_ENV, SERVER_INDEX_ENV, Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
-from runner import JobFailed, ProcessSpec, load_resources, run_processes
+from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
 from runner.control import ControlServer
 from runner.free_ports import free_ports
 from runner.process import GRACE_SECONDS
@@ -28,6 +30,7 @@ from runner.resources import is_local
 from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
 
+log = logging.getLogger("parallax")
 ROLE_ENV = "PARALLAX_ROLE"
 DRIVER_PREFIX = "[driver] "
 
@@ -44,8 +47,19 @@ def worker_count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def workers_per_machine(resources: str) -> List[int]:
-    return [len(host.slots) for host in load_resources(resources)]
+def probe_cluster(resources: str, config: Config) -> Tuple[List[int], Optional[dict]]:
+    """The workers of each machine, and what the link between the first two gives ({latency,
+    bandwidth}; None with one machine, or when the probe fails, which is logged)."""
+    hosts = load_resources(resources)
+    links = None
+    if len(hosts) > 1:
+        try:
+            links = link_probe.probe(hosts[0].name, hosts[1].name,
+                                     config.ssh or SSHConfig.from_env())
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
+            log.warning("the link probe between %s and %s failed (%s)", hosts[0].name,
+                        hosts[1].name, error)
+    return [len(host.slots) for host in hosts], links
 
 
 def run_driver(resources: str, config: Config, run_option: str, with_horovod: bool,

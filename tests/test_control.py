@@ -13,9 +13,11 @@ import psutil
 import pytest
 
 from runner.control import ControlServer, Progress
+from runner.link_probe import probe
 from runner.output import PAST_STARTUP, OutputFilter
 from runner.process import GRACE_SECONDS, JobFailed, ProcessSpec, run_processes
 from runner.progress import ProgressDisplay, plot, summarize
+from runner.ssh import SSHConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process of a job: beats, then runs 'steps' of 0.05 s (reporting a loss), then sleeps.
@@ -208,3 +210,10 @@ def test_the_progress_bar_and_metrics_file_follow_the_workers(tmp_path, capsys):
     assert records[-1]["step"] == 30 and records[-1]["time"] > records[0]["time"]
     plot(str(metrics), str(tmp_path / "progress.png"))
     assert (tmp_path / "progress.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_link_probe_between_two_loopback_machines():
+    link = probe("127.0.0.1", "127.0.0.2", SSHConfig())
+    assert link["bandwidth"] > 10e6 and 0 < link["latency"] < 0.01
+    assert not [c for c in psutil.Process().children(recursive=True)
+                if "link_probe" in " ".join(c.cmdline())]

@@ -1,8 +1,13 @@
 """The emulated cluster itself: taken down and brought up again at once, as one test module's
 fixture does right after another's (a namespace's veth end used to outlive its 'down')."""
 import subprocess
+import time
 
-from emulated import cluster_script, pytestmark  # noqa: F401
+import psutil
+
+from emulated import cluster_script, namespace_pids, pytestmark  # noqa: F401
+from runner.link_probe import probe
+from runner.ssh import SSHConfig
 STATE = "/tmp/parallax-test-cycle"
 
 
@@ -27,3 +32,32 @@ def test_down_then_up_at_once_works_every_time():
                                       text=True).stdout.strip()
     finally:
         cluster_script("down", state=STATE)
+
+
+def test_the_link_probe_measures_a_shaped_link_over_ssh():
+    """runner.link_probe between two hosts whose links are limited to 100 Mbit/s each way:
+    server and client run on the hosts, over ssh, and nothing of them is left."""
+    try:
+        cluster_script("up", "2", "--rate", "100mbit", state=STATE)
+        ssh = SSHConfig(options=["-F", f"{STATE}/ssh_config"])
+        link = probe("10.213.0.2", "10.213.0.3", ssh)
+        assert 0.7 * 12.5e6 < link["bandwidth"] < 1.1 * 12.5e6, link
+        assert 0 < link["latency"] < 0.005, link
+        deadline = time.monotonic() + 10
+        while _probes_on_hosts() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _probes_on_hosts()
+    finally:
+        cluster_script("down", state=STATE)
+
+
+def _probes_on_hosts():
+    found = []
+    for host in (1, 2):
+        for pid in namespace_pids(host):
+            try:
+                if "link_probe" in " ".join(psutil.Process(pid).cmdline()):
+                    found.append((host, pid))
+            except psutil.NoSuchProcess:
+                continue
+    return found
