@@ -104,7 +104,23 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     busiest = max(m[d] for m in row["measured"] for d in ("tx", "rx"))
     row["link_seconds"] = busiest / rate_bytes_per_second(summary["rate"])
     row["link_bound_ratio"] = row["link_seconds"] / (row["step_ms"] / 1000)
+    if single and "analytic" in row:
+        row["predicted_ms"] = predicted_step_ms(row["analytic"], _chief(single), summary)
+        row["prediction_error"] = row["predicted_ms"] / row["step_ms"] - 1
     return row
+
+
+def predicted_step_ms(analytic_links: List[dict], single_chief: dict, summary: dict) -> float:
+    """The step in the cost model's form (parallax/cost.py: compute, then the busiest link
+    direction at the link rate, no overlap): one worker's compute, slowed by the workers
+    sharing the machine's cores (every emulated host is on this machine), and the Table 3
+    bytes on the wire."""
+    single_ms = 1000 * statistics.median(single_chief["window_seconds"]) / (
+        single_chief["window_steps"])
+    workers = summary["hosts"] * summary["workers_per_host"]
+    sharing = max(1.0, workers / summary.get("cores", os.cpu_count() or 1))
+    busiest = max(link[d] for link in analytic_links for d in ("tx", "rx"))
+    return single_ms * sharing + 1000 * busiest / rate_bytes_per_second(summary["rate"])
 
 
 def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:
@@ -125,21 +141,23 @@ def _mb(value: float) -> str:
 def _table(rows: List[dict]) -> List[str]:
     lines = ["| system | throughput | step (ms) | speedup over 1 worker | "
              "MB/step per host link, measured tx/rx | analytic (Table 3, on the wire) tx/rx | "
-             "max deviation | link-busy share of the step |",
-             "|---|---|---|---|---|---|---|---|"]
+             "max deviation | link-busy share of the step | predicted step (ms), error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         label = SYSTEM_LABELS.get(row["system"], row["system"])
         if row["error"]:
-            lines.append(f"| {label} | failed: {row['error']} | | | | | | |")
+            lines.append(f"| {label} | failed: {row['error']} | | | | | | | |")
             continue
         measured = " ; ".join(f"{_mb(m['tx'])}/{_mb(m['rx'])}" for m in row.get("measured", []))
         expected = " ; ".join(f"{_mb(a['tx'])}/{_mb(a['rx'])}" for a in row.get("analytic", []))
         deviation = f"{100 * row['deviation']:.1f}%" if "deviation" in row else ""
         busy = f"{row['link_bound_ratio']:.2f}" if "link_bound_ratio" in row else ""
         speedup = f"{row['speedup']:.2f}x" if "speedup" in row else ""
+        predicted = (f"{row['predicted_ms']:.0f}, {100 * row['prediction_error']:+.0f}%"
+                     if "predicted_ms" in row else "")
         lines.append(f"| {label} | {row['throughput']:.0f} {row['unit']}/s | "
                      f"{row['step_ms']:.0f} | {speedup} | {measured} | {expected} | "
-                     f"{deviation} | {busy} |")
+                     f"{deviation} | {busy} | {predicted} |")
     return lines
 
 
@@ -182,6 +200,17 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]
                      f"{100 * worst[2]:.1f}% ({SYSTEM_LABELS.get(worst[1], worst[1])} on "
                      f"{worst[0]}). The ablation stages are left out: with an optimization "
                      "off, the traffic it removes is what the difference shows.")
+    errors = [(w, r["system"], r["prediction_error"]) for w, rs in rows.items() for r in rs
+              if "prediction_error" in r and not r["system"].startswith("ablation")]
+    if errors:
+        within = sum(abs(e[2]) <= 0.15 for e in errors)
+        mean_accuracy = 1 - statistics.mean(abs(e[2]) for e in errors)
+        worst = max(errors, key=lambda e: abs(e[2]))
+        lines.append(f"- predicted step time (cost model, no overlap) within 15% of the "
+                     f"measured one: {within} of {len(errors)} jobs, mean accuracy "
+                     f"{100 * mean_accuracy:.1f}% (ParaDL: 86.74%); worst "
+                     f"{100 * worst[2]:+.0f}% ({SYSTEM_LABELS.get(worst[1], worst[1])} on "
+                     f"{worst[0]})")
     if transform:
         slowest = max(transform["seconds"].values())
         lines.append(f"- transforming {transform['model']} ({transform['ops']} ops, "

@@ -232,7 +232,7 @@ def main():
     finally:
         subprocess.run(["bash", CLUSTER_SCRIPT, "down"], env=cluster_env, check=True)
     summary = {"transform": _transform_time(), "hosts": args.hosts,
-               "workers_per_host": args.workers_per_host,
+               "workers_per_host": args.workers_per_host, "cores": os.cpu_count(),
                "rate": args.rate, "delay": args.delay, "measure": setup.measure_args,
                "results": _kept_results(args.out, args.workloads, args) + results}
     with open(os.path.join(args.out, "summary.json"), "w") as out:
