@@ -36,7 +36,8 @@ def main():
     meter.measure(lambda: runner.run(train_op), args.out, runner.is_chief, args.warmup,
                   args.window, args.windows, system="parallax", workers=runner.num_workers,
                   run_option=args.run_option, ps_off=args.ps_off,
-                  placement=meter.placement(runner.graph), **workload.details(runner.num_workers))
+                  placement=meter.placement(runner.graph), sync=runner.synchronization,
+                  **workload.details(runner.num_workers))
 
 
 if __name__ == "__main__":

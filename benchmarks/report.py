@@ -19,6 +19,7 @@ SYSTEM_LABELS = {
     "parallax-hybrid": "Parallax HYBRID",
     "parallax-ar": "Parallax AR",
     "parallax-ps": "Parallax PS",
+    "parallax-auto": "Parallax AUTO",
     "horovod": "Horovod",
     "horovod-sparse-as-dense": "Horovod sparse_as_dense",
     "tf-ps": "TF-PS (SyncReplicas)",
@@ -51,6 +52,8 @@ def _sync_of(result: dict, variables: List[dict]) -> Dict[str, tuple]:
         server = placement.get(variable["name"]) if placement else None
         if server is not None:
             sync[variable["name"]] = (analytic.PS, server)
+        elif chief.get("sync", {}).get(variable["name"]) == analytic.ALLREDUCE:
+            sync[variable["name"]] = (analytic.ALLREDUCE, None)  # AUTO: as dense
         elif sparse and not chief.get("sparse_as_dense"):
             sync[variable["name"]] = (analytic.ALLGATHER, None)
         else:

@@ -112,6 +112,7 @@ SYSTEMS = {  # name -> how to start it
     "parallax-hybrid": _parallax("HYBRID"),
     "parallax-ar": _parallax("AR"),
     "parallax-ps": _parallax("PS"),
+    "parallax-auto": _parallax("AUTO"),
     "horovod": _horovod(sparse_as_dense=False),
     "horovod-sparse-as-dense": _horovod(sparse_as_dense=True),
     "tf-ps": _tf_ps,
@@ -198,8 +199,8 @@ def main():
     parser.add_argument("--workers-per-host", type=int, default=2)
     parser.add_argument("--rate", default="100mbit", help="each host's link, both ways (tc)")
     parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
-    parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt"],
-                        choices=["cnn", "lm", "nmt"])
+    parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt", "tags"],
+                        choices=["cnn", "lm", "nmt", "tags"])
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=list(SYSTEMS))
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--out", default=os.path.join(BENCH, "results"))

@@ -8,6 +8,8 @@ users change around the model (sharding the input, wrapping the optimizer) diffe
          split in shards, as the LM1B reference does for its parameter servers).
     nmt: mixed, encoder-decoder: 50k source and 20k target embeddings, LSTM encoder and
          decoder, sampled softmax over the target vocabulary (Adam, clipped).
+    tags: 'sparse' but nearly dense: a 1000-row tag embedding that every batch reads almost
+         whole, then a classifier (Adam): HYBRID's rule puts it on a server, AUTO allreduces it.
 """
 from __future__ import annotations
 
@@ -156,6 +158,28 @@ def _nmt_loss(batch):
     return _sampled_softmax(projected, target_out, NMT_TARGET_VOCAB, "nmt")
 
 
+# --- (d) where HYBRID's rule is wrong: a small vocabulary read whole by every batch ----------
+TAGS_VOCAB, TAGS_PER_EXAMPLE, TAGS_CLASSES = 1000, 200, 20
+
+
+def _tags_dataset(seed, examples=512):
+    rng = np.random.RandomState(seed)
+    tags = rng.randint(0, TAGS_VOCAB, (examples, TAGS_PER_EXAMPLE)).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices((tags, rng.randint(0, TAGS_CLASSES, examples)))
+
+
+def _tags_loss(batch):
+    """A bag of tags per example (a 1000 x 64 embedding; a batch's 6400 tags touch nearly
+    every row, so its 'sparse' gradient is as large as the table), then a classifier."""
+    tags, labels = batch
+    table = tf.compat.v1.get_variable("tag_embedding", [TAGS_VOCAB, LM_DIM])
+    hidden = keras.layers.Dense(128, activation="relu")(
+        tf.reduce_mean(tf.nn.embedding_lookup(table, tags), axis=1))
+    logits = keras.layers.Dense(TAGS_CLASSES)(hidden)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.int64), logits=logits))
+
+
 WORKLOADS = {
     "cnn": Workload("cnn", "dense", 32, "images", 1, _cnn_dataset, _cnn_loss,
                     lambda: tf.compat.v1.train.MomentumOptimizer(0.01, 0.9)),
@@ -165,6 +189,8 @@ WORKLOADS = {
     "nmt": Workload("nmt", "mixed", 32, "words", NMT_STEPS, _nmt_dataset, _nmt_loss,
                     lambda: tf.compat.v1.train.AdamOptimizer(1e-3), clip_norm=5.0,
                     loop_steps=NMT_STEPS),
+    "tags": Workload("tags", "sparse", 32, "examples", 1, _tags_dataset, _tags_loss,
+                     lambda: tf.compat.v1.train.AdamOptimizer(1e-3)),
 }
 
 

@@ -102,8 +102,9 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
     training_writes += [op for state in analysis.extra_state.values() for op in state.update_ops]
     if heartbeat is not None:
         heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
+    synchronization = {name: p.sync.value for name, p in plan.variables.items()}
     return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description,
-                          checkpointer, training_writes, heartbeat)
+                          checkpointer, training_writes, heartbeat, synchronization)
 
 
 def _past_startup() -> None:

@@ -23,13 +23,15 @@ class ParallaxRunner:
 
     def __init__(self, graph: tf.Graph, session: tf.compat.v1.Session, num_workers: int,
                  worker_id: int, description: str, checkpointer=None, training_writes=(),
-                 heartbeat=None):
+                 heartbeat=None, synchronization=None):
         self.graph = graph
         self._checkpointer = checkpointer
         self.session = session
         self.num_workers = num_workers
         self.worker_id = worker_id
         self._description = description
+        # variable name -> 'allreduce', 'allgather' or 'parameter server'
+        self.synchronization = dict(synchronization or {})
         self._aggregated = read_aggregated(graph)
         # In a worker other than the chief, a fetched server-side update is its cut: the wait
         # for the chief to apply it.
