@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from parallax import cost
 from parallax.analysis import GraphAnalysis
+from parallax.errors import ParallaxError
 from parallax.passes import row_sums
 
 AUTO_ENV = "PARALLAX_AUTO"
@@ -34,6 +35,10 @@ class Decision:
 
     @classmethod
     def from_env(cls) -> "Decision":
+        if AUTO_ENV not in os.environ:
+            raise ParallaxError("run_option='AUTO': this worker has no decision from the "
+                                "driver; start the script itself (python script.py), whose "
+                                "get_runner measures and launches the workers")
         return cls(**json.loads(os.environ[AUTO_ENV]))
 
     def variable_stats(self) -> Dict[str, cost.VariableStats]:
