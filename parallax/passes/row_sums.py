@@ -52,8 +52,16 @@ def norm_share(values: tf.Tensor) -> tf.Tensor:
 
 
 def use_carried_norm(old_values_consumers, norm: tf.Tensor) -> None:
-    """The model's L2Loss of the gradient's rows reads the carried norm instead."""
+    """The model's L2Loss of the gradient's rows reads the carried norm instead. The L2Loss
+    itself, now unused (a fetch of it gets the norm), is detached from the rows: still reading
+    them, it looked like a monitor of the aggregate, whose rows every step then fetched to keep
+    (1 MB a step per worker on the LM benchmark)."""
     for op in old_values_consumers:
         if op.type == "L2Loss":
             reroute(op.outputs[0], norm, list(op.outputs[0].consumers()))
             record_aggregated(op.outputs[0], norm)  # the post-aggregation ops start here too
+            with op.graph.as_default(), tf.device(op.device):
+                # A zero of unknown shape: it fits any shape the edge had.
+                detached = tf.compat.v1.placeholder_with_default(
+                    tf.zeros([], op.inputs[0].dtype), shape=None)
+                op._update_input(0, detached)  # pylint: disable=protected-access
