@@ -141,8 +141,9 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
            **options) -> Dict[str, Method]:
     """Per variable, the method that adds least to the predicted step time given the ones
     chosen so far: allreduce for a dense gradient; for a sparse one allreduce (as dense),
-    allgather, or parameter servers (one, or up to `max_shards` shards); as dense only those in
-    `summable` (all when None), whose rows may be summed by id. Dense variables come
+    allgather, or parameter servers (one, or up to `max_shards` shards; of servers equally
+    fast, the least loaded); as dense only those in `summable` (all when None), whose rows
+    may be summed by id. Dense variables come
     first (their allreduce, and its latency, is then paid for), then sparse ones, largest
     first."""
     choice: Dict[str, Method] = {}
@@ -157,6 +158,16 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
             for k in range(1, min(max_shards, cluster.machines) + 1):
                 candidates += [Method(PS, tuple((first + i) % cluster.machines
                                                 for i in range(k))) for first in machines]
-        choice[var.name] = min(candidates, key=lambda method: step_time(
-            {**choice, var.name: method}, by_name, cluster, links, **options))
+        times = {method: step_time({**choice, var.name: method}, by_name, cluster, links,
+                                   **options) for method in candidates}
+        fastest = min(times.values())
+        # Servers that the links price alike differ in their work (updates, lookups): of the
+        # equally fast, the one holding the fewest bytes so far, as HYBRID balances them.
+        held = [0] * cluster.machines
+        for name, method in choice.items():
+            for server in method.servers:
+                held[server] += by_name[name].nbytes / len(method.servers)
+        choice[var.name] = min(
+            (m for m, t in times.items() if t <= fastest * (1 + 1e-6)),
+            key=lambda m: (max((held[s] for s in m.servers), default=0), m.servers))
     return choice

@@ -73,3 +73,12 @@ def test_shards_are_chosen_when_one_table_would_load_one_machine():
     table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
                           unique=(900, 1700, 2400, 3000))
     assert choose([table], TWO_BY_TWO, Links(), max_shards=2)["a"] == Method(PS, (0, 1))
+
+
+def test_tables_the_links_price_alike_are_spread_over_the_servers():
+    # Four equal shards of which a batch reads few rows: every server is as fast for the
+    # links; they go two and two, as HYBRID's balance by bytes puts them.
+    shard = dict(nbytes=25_000 * 256, rows=100, row_bytes=256, unique=(90, 170, 240, 300))
+    chosen = choose([VariableStats(f"part_{i}", **shard) for i in range(4)], TWO_BY_TWO,
+                    Links())
+    assert sorted(m.servers[0] for m in chosen.values()) == [0, 0, 1, 1]
