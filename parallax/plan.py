@@ -213,7 +213,8 @@ def describe(plan: Plan) -> str:
     """A table of every variable: kind, shape, bytes, where it lives, how it is synchronized;
     under AUTO also alpha (the share of its rows one worker's batch touches), the bytes the
     busiest link carries for it in a step as predicted, and its share of those."""
-    predicted = _predicted_bytes(plan)
+    stats = plan.decision.variable_stats() if plan.decision is not None else {}
+    predicted = _predicted_bytes(plan, stats)
     rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
             + (("alpha", "predicted bytes", "share") if predicted else ())]
     total = sum(predicted.values()) or 1
@@ -227,8 +228,8 @@ def describe(plan: Plan) -> str:
         row = (info.name, "sparse" if info.is_sparse else "dense", str(list(info.shape)),
                str(info.nbytes), where, how)
         if predicted:
-            stats = plan.decision.variable_stats()[info.name]
-            alpha = (f"{stats.distinct(1) / info.shape[0]:.3f}" if stats.sparse else "-")
+            measured = stats[info.name]
+            alpha = f"{measured.distinct(1) / info.shape[0]:.3f}" if measured.sparse else "-"
             row += (alpha, f"{predicted[info.name]:.0f}",
                     f"{predicted[info.name] / total:.0%}")
         rows.append(row)
@@ -243,14 +244,14 @@ def describe(plan: Plan) -> str:
     return "\n".join([header] + lines)
 
 
-def _predicted_bytes(plan: Plan) -> Dict[str, float]:
-    """Per variable, the bytes of a step on the link it loads most (AUTO plans only)."""
-    if plan.decision is None or not plan.decision.stats:
+def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[str, float]:
+    """Per variable, the bytes of a step on the link it loads most (AUTO plans that measured
+    `stats`)."""
+    if not stats:
         return {}
     shape = cost.Cluster(plan.cluster.num_machines,
                          max(len(plan.cluster.workers_on(m))
                              for m in range(plan.cluster.num_machines)))
-    stats = plan.decision.variable_stats()
     predicted = {}
     for name, var_plan in plan.variables.items():
         method = cost.Method(var_plan.sync.value,

@@ -57,6 +57,15 @@ class Progress:
     scalars: Dict[str, List[float]] = dataclasses.field(default_factory=dict)  # name: [sum, n]
     in_run_seconds: Optional[float] = None  # how long the run under way has lasted
 
+    def add(self, other: "Progress") -> None:
+        """Count `other`'s new steps, their time and its scalars in this one too."""
+        self.new_steps += other.new_steps
+        self.step_seconds += other.step_seconds
+        for name, (value, count) in other.scalars.items():
+            total = self.scalars.setdefault(name, [0.0, 0])
+            total[0] += value
+            total[1] += count
+
 
 @dataclasses.dataclass
 class _Status:
@@ -104,14 +113,8 @@ class ControlServer:
                 status.exiting_since = status.last_beat
             if request.get("progress"):
                 progress = status.progress = Progress(**request["progress"])
-                total = status.since_taken
-                total.steps = progress.steps
-                total.new_steps += progress.new_steps
-                total.step_seconds += progress.step_seconds
-                for name, (value, count) in progress.scalars.items():
-                    summed = total.scalars.setdefault(name, [0.0, 0])
-                    summed[0] += value
-                    summed[1] += count
+                status.since_taken.steps = progress.steps
+                status.since_taken.add(progress)
         return {"ok": True}
 
     def take_progress(self) -> Dict[str, Progress]:
@@ -242,12 +245,7 @@ class Heartbeat:
     def _give_back(self, taken: dict) -> None:
         """Progress a beat that failed could not deliver goes with the next one."""
         with self._lock:
-            self._progress.new_steps += taken["new_steps"]
-            self._progress.step_seconds += taken["step_seconds"]
-            for name, (value, count) in taken["scalars"].items():
-                total = self._progress.scalars.setdefault(name, [0.0, 0])
-                total[0] += value
-                total[1] += count
+            self._progress.add(Progress(**taken))
 
     def _loop(self) -> None:
         answered = time.monotonic()

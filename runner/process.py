@@ -122,19 +122,20 @@ class _Process:
     def _pump(self, log):
         prefix = f"[{self.spec.name}] ".encode()
         shown = OutputFilter(self.spec.hold_until_started)
+
+        def show(lines):
+            for kept in lines:
+                self.tail.append(kept.decode(errors="replace").rstrip("\n"))
+                if log is None:
+                    self._output.write(prefix + kept)
+
         try:
             for line in iter(self.popen.stdout.readline, b""):
                 if log is not None and line != PAST_STARTUP:  # the log keeps every line
                     log.write(line)
                     log.flush()
-                for kept in shown.feed(line):
-                    self.tail.append(kept.decode(errors="replace").rstrip("\n"))
-                    if log is None:
-                        self._output.write(prefix + kept)
-            for kept in shown.finish():
-                self.tail.append(kept.decode(errors="replace").rstrip("\n"))
-                if log is None:
-                    self._output.write(prefix + kept)
+                show(shown.feed(line))
+            show(shown.finish())
         finally:
             if log is not None:
                 log.close()
