@@ -60,6 +60,13 @@ def _cross_entropy(inputs, logits):
         labels=inputs["label"], logits=logits))
 
 
+def _read_after(train_op, variable):
+    """The variable read once train_op is done. Fetching the variable itself beside train_op
+    is unordered, on one device too: either value can come back."""
+    with tf.control_dependencies([train_op]):
+        return variable.read_value()
+
+
 def gan():
     """Two optimizers over disjoint variables, run alternately; the second advances
     global_step (a GAN's discriminator and generator steps)."""
@@ -144,18 +151,16 @@ def cifar10():
         train_op = variable_averages.apply(tf.compat.v1.trainable_variables())
     summary_op = tf.compat.v1.summary.merge_all()
     init = tf.compat.v1.global_variables_initializer()
+    step_after = _read_after(train_op, global_step)
 
     def loop(run, feed, is_chief):
         run(init)
         fetched = []
         for step in range(STEPS):
             if is_chief and step % 5 == 0:  # as the tutorial's summary hook does
-                # A read in the same run as the update is unordered even on one device (the
-                # bigger run made it come after the update there): read it before instead.
-                fetched.append(run(global_step))
-                run([train_op, summary_op], feed(step))
+                fetched.append(run([train_op, summary_op, step_after], feed(step))[2])
             else:
-                fetched.append(run([train_op, global_step], feed(step))[1])
+                fetched.append(run([train_op, step_after], feed(step))[1])
         return fetched
     return inputs, loop
 
@@ -199,8 +204,10 @@ def cond():
     with tf.control_dependencies([applied]):
         train_op = global_step.assign_add(1)
 
+    step_after = _read_after(train_op, global_step)
+
     def loop(run, feed, is_chief):
-        return [run([train_op, global_step], feed(step))[1] for step in range(STEPS)]
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
     return inputs, loop
 
 
@@ -236,8 +243,10 @@ def batchnorm():
         train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
             _cross_entropy(inputs, logits), global_step=global_step)
 
+    step_after = _read_after(train_op, global_step)
+
     def loop(run, feed, is_chief):
-        return [run([train_op, global_step], feed(step))[1] for step in range(STEPS)]
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
     return inputs, loop
 
 
