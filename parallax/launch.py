@@ -26,7 +26,7 @@ from runner.free_ports import free_ports
 from runner.process import GRACE_SECONDS
 from runner.progress import ProgressDisplay
 from runner.rendezvous import GlooRendezvous
-from runner.resources import is_local
+from runner.resources import Host, is_local
 from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
 
@@ -67,10 +67,11 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
     """Run the job (again, up to config.max_restarts times, when it fails) and exit with its
     status. `job_env` goes to every process of the job."""
     hosts = load_resources(resources)
-    remote = [h.name for h in hosts if not is_local(h.name)]
+    remote = [h for h in hosts if not is_local(h.name)]
     if remote and len(remote) < len(hosts):
         raise ParallaxError(
-            f"{resources}: loopback hosts cannot be mixed with remote hosts {remote}: the remote "
+            f"{resources}: loopback hosts cannot be mixed with remote hosts "
+            f"{[h.name for h in remote]}: the remote "
             "ones could not reach them; name this machine by an address they can reach")
     try:
         ssh = config.ssh or SSHConfig.from_env()
@@ -121,11 +122,16 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, run_option: str,
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     with_servers = run_option in ("PS", "HYBRID")
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
-    if with_servers:
+    ports = {}
+    for host in hosts:
         try:
-            ports = {h.name: _ports(h.name, 1 + len(h.slots), config, ssh) for h in hosts}
+            if with_servers:
+                ports[host.name] = _ports(host.name, 1 + len(host.slots), config, ssh)
+            elif not is_local(host.name):  # reached over ssh now, before anything starts
+                remote_free_ports(host.name, 0, ssh)
         except HostUnreachable as error:
-            raise ParallaxError(str(error)) from None
+            raise ParallaxError(f"{host.where}: {error}") from None
+    if with_servers:
         cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts]
         cluster.workers = [f"{host.name}:{ports[host.name][1 + host.slots.index(slot)]}"
                            for _, host, slot in slots]
@@ -163,15 +169,18 @@ def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:
     return free_ports(count) if is_local(host) else remote_free_ports(host, count, ssh)
 
 
-def _address_towards(host: str) -> str:
+def _address_towards(host: Host) -> str:
     """This machine's address on the route to `host`: where remote ranks find the rendezvous."""
-    name = host.strip("[]")  # an IPv6 address without its brackets
-    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host.address else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
-            probe.connect((name, 9))  # UDP: picks the route, sends nothing
-        except OSError as error:  # socket.gaierror: the name does not resolve
-            raise ParallaxError(f"host {host} of the resources: {error}") from None
+            probe.connect((host.address, 9))  # UDP: picks the route, sends nothing
+        except socket.gaierror as error:
+            raise ParallaxError(f"{host.where}: host {host.name!r} does not resolve "
+                                f"({error.strerror}); check its spelling, or use its "
+                                "address") from None
+        except OSError as error:
+            raise ParallaxError(f"{host.where}: no route to host {host.name!r} ({error})") from None
         return probe.getsockname()[0]
 
 

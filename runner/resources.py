@@ -39,6 +39,7 @@ class ResourceError(ValueError):
 class Host:
     name: str  # a host name, an IPv4 address or a bracketed IPv6 address
     slots: Tuple[int, ...]  # worker slot ids: GPU ids on a GPU host
+    where: str = dataclasses.field(default="", compare=False)  # its source and line, for errors
 
     @property
     def address(self) -> str:
@@ -82,7 +83,7 @@ def parse_resources(lines: List[str], source: str) -> List[Host]:
         if name in seen:
             raise ResourceError(f"{where}: duplicate host {name!r} (first on line {seen[name]})")
         seen[name] = number
-        hosts.append(Host(name, slots if slots is not None else _default_slots(name)))
+        hosts.append(Host(name, slots if slots is not None else _default_slots(name), where))
     if not hosts:
         raise ResourceError(f"{source}: no hosts (the spec is empty or only comments)")
     return hosts

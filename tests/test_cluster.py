@@ -65,11 +65,23 @@ def test_unreachable_host_is_a_clear_error(cluster, sparse):
                           "sparse" if sparse else "dense")
     output = driver.communicate(timeout=120)[0]
     assert driver.returncode != 0
-    assert "10.213.0.99" in output
-    assert ("cannot reach host 10.213.0.99 over ssh" in output if sparse
-            else "ssh could not reach or lost 10.213.0.99" in output)
+    # Every mode asks each remote host over ssh before starting anything; the resource line.
+    assert "resources string, line 2: cannot reach host 10.213.0.99 over ssh" in output, output
     assert time.monotonic() - started < 60
     assert processes(token) == []
+    assert_hosts_idle()
+
+
+@pytest.mark.parametrize("run_option", ["AR", "PS"])
+def test_a_host_name_that_does_not_resolve_is_named_with_its_line(cluster, tmp_path,
+                                                                   run_option):
+    spec = tmp_path / "cluster"
+    spec.write_text(f"{HOSTS[0]}: 0,1\n# a typo:\npxh-typo: 0\n")
+    result = run_job(os.path.join(WORKLOADS, "supervised.py"), "ok", str(spec), "",
+                     "sparse" if run_option == "PS" else "dense", run_option, env=cluster)
+    assert result.returncode != 0
+    assert f"{spec}, line 3: cannot reach host pxh-typo over ssh" in result.stderr, result.stderr
+    assert "Could not resolve hostname pxh-typo" in result.stderr
     assert_hosts_idle()
 
 
