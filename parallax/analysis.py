@@ -78,6 +78,13 @@ class GraphAnalysis:
         return [v for v in self.variables.values() if v.is_sparse]
 
     @property
+    def training_writes(self) -> List[str]:
+        """Every write the graph makes from its gradients: updates of variables, and of
+        their extra state."""
+        return [op for info in self.variables.values() for op in info.update_ops] + [
+            op for state in self.extra_state.values() for op in state.update_ops]
+
+    @property
     def averaged_writes(self) -> List[str]:
         """Writes whose value is averaged over workers: those of per-worker state."""
         return [op for state in self.extra_state.values() if state.per_worker

@@ -1,16 +1,22 @@
-"""run_option='AUTO': before launching, the driver measures how many rows each sparse gradient
-has on the first batches of the input (a probe session of the graph as written), and the cost
-model (parallax/cost.py) picks how each variable is synchronized. The decision reaches every
-process of the job in its environment, so that all of them build the same plan.
+"""run_option='AUTO' (and Config.search_partitions): before launching, the driver measures how
+many rows each sparse gradient has on the first batches of the input (a probe session of the
+graph as written), and the cost model (parallax/cost.py) picks how each variable is
+synchronized, on which servers, and in how many shards parallax.get_partitioner's variables are
+stored. The decision reaches every process of the job in its environment, so that all of them
+build the same graph and plan.
 
 The probe reads the input the graph reads itself (tf.data, as `parallax.shard` expects); a
-graph fed through feed_dict cannot be measured before it runs, and gets HYBRID's rule.
+graph fed through feed_dict cannot be measured before it runs, and gets HYBRID's rule. The same
+session times the training step of one worker alone (every update the graph makes from its
+gradients, on one batch), for the predicted step time that `runner.describe()` reports.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import statistics
+import time
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -19,9 +25,9 @@ import tensorflow as tf
 from parallax import cost
 from parallax.analysis import GraphAnalysis
 from parallax.errors import ParallaxError
+from parallax.partitioner import DECISION_ENV, partitioned_variables
 from parallax.passes import row_sums
-
-AUTO_ENV = "PARALLAX_AUTO"
+from parallax.plan import rule
 
 
 @dataclasses.dataclass
@@ -29,17 +35,25 @@ class Decision:
     methods: Dict[str, dict]  # variable -> {"how": cost.ALLREDUCE/ALLGATHER/PS, "server": int}
     stats: Dict[str, dict]  # variable -> cost.VariableStats fields, as measured
     note: str  # how it was decided
+    compute: Optional[float] = None  # seconds of one worker's step alone, as measured
+    links: Optional[dict] = None  # cost.Links fields the decision assumed
+    step: Optional[float] = None  # seconds of a step of the chosen plan, as predicted
+    # With search_partitions: [call, variable, shards] for each call of get_partitioner
+    partitions: List[list] = dataclasses.field(default_factory=list)
 
     def to_env(self) -> Dict[str, str]:
-        return {AUTO_ENV: json.dumps(dataclasses.asdict(self))}
+        return {DECISION_ENV: json.dumps(dataclasses.asdict(self))}
 
     @classmethod
     def from_env(cls) -> "Decision":
-        if AUTO_ENV not in os.environ:
-            raise ParallaxError("run_option='AUTO': this worker has no decision from the "
-                                "driver; start the script itself (python script.py), whose "
-                                "get_runner measures and launches the workers")
-        return cls(**json.loads(os.environ[AUTO_ENV]))
+        if DECISION_ENV not in os.environ:
+            raise ParallaxError("run_option='AUTO' or search_partitions: this worker has no "
+                                "decision from the driver; start the script itself (python "
+                                "script.py), whose get_runner measures and launches the workers")
+        return cls(**json.loads(os.environ[DECISION_ENV]))
+
+    def link_model(self) -> cost.Links:
+        return cost.Links(**self.links) if self.links else cost.Links()
 
     def variable_stats(self) -> Dict[str, cost.VariableStats]:
         return {name: cost.VariableStats(**{**fields, "unique": tuple(fields["unique"])})
@@ -47,27 +61,112 @@ class Decision:
 
 
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
-           links: Optional[cost.Links] = None) -> Decision:
-    """`links`: as measured between two machines (runner.link_probe); None: assumed."""
+           links: Optional[cost.Links] = None, run_option: str = "AUTO",
+           search_partitions: bool = False) -> Decision:
+    """`links`: as measured between two machines (runner.link_probe); None: assumed. Under
+    another run option than AUTO the methods are its rule's, and only the servers, and with
+    `search_partitions` the shards of parallax.get_partitioner's variables, are chosen."""
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
     measured = links is not None
     links = links or cost.Links()
     stats, problem = measure(graph, analysis, shape.workers)
     if problem:
-        methods = {v.name: {"how": cost.PS if v.is_sparse else cost.ALLREDUCE, "server": None}
-                   for v in analysis.variables.values()}
-        return Decision(methods, {}, f"HYBRID's rule: {problem}")
+        methods = {name: {"how": rule(run_option, info).value, "server": None}
+                   for name, info in analysis.variables.items()}
+        return Decision(methods, {}, f"{_rule_name(run_option)}: {problem}")
     summable = {v.name for v in analysis.sparse if all(
         row_sums.rows_can_be_summed(graph.get_tensor_by_name(r.values),
                                     graph.get_tensor_by_name(r.indices))
         for r in v.gradients if r.is_sparse)}
-    chosen = cost.choose(list(stats.values()), shape, links, summable=summable)
+    hows = {} if run_option == "AUTO" else {
+        name: rule(run_option, info).value for name, info in analysis.variables.items()}
+    groups = partitioned_variables(graph) if search_partitions else []
+    merged = _merge_shards(stats, groups, summable, hows)
+    counts = {group.name: range(group.min_partitions,
+                                max(group.min_partitions, shape.machines) + 1)
+              for group in groups}
+    chosen = cost.choose(list(merged.values()), shape, links, shard_counts=counts,
+                         summable=summable, hows=hows)
+    partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
+                  for call, group in enumerate(groups)]
+    chosen, stats = _split_shards(chosen, merged, groups)
     methods = {name: {"how": method.how, "server": method.servers[0] if method.servers
                       else None} for name, method in chosen.items()}
+    compute, compute_problem = measure_compute(graph, analysis)
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
             f"links {'measured' if measured else 'assumed'}: "
             f"{links.bandwidth * 8 / 1e6:.4g} Mbit/s, {links.latency * 1e6:.3g} us")
-    return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note)
+    if partitions:
+        note += "; partitions: " + ", ".join(f"{name} in {count}"
+                                             for _, name, count in partitions)
+    step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0)
+    note += (f"; one worker's step alone {1000 * compute:.0f} ms" if compute is not None
+             else f"; compute not measured ({compute_problem})")
+    note += f"; predicted step {1000 * step:.0f} ms"
+    return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
+                    compute, dataclasses.asdict(links), step, partitions)
+
+
+def _rule_name(run_option: str) -> str:
+    return f"{'HYBRID' if run_option == 'AUTO' else run_option}'s rule"
+
+
+def _merge_shards(stats, groups, summable, hows) -> Dict[str, cost.VariableStats]:
+    """The statistics with each partitioned variable whole: the cost model chooses its
+    method and number of shards (of the same rows, 1/k to each)."""
+    merged = dict(stats)
+    for group in groups:
+        shards = [merged.pop(name) for name in group.shards]
+        first = shards[0]
+        merged[group.name] = dataclasses.replace(
+            first, name=group.name, nbytes=sum(s.nbytes for s in shards),
+            rows=None if not first.sparse else sum(s.rows for s in shards),
+            unique=tuple(map(sum, zip(*(s.unique for s in shards)))))
+        if all(name in summable for name in group.shards):
+            summable.add(group.name)
+        if group.shards[0] in hows:
+            hows[group.name] = hows[group.shards[0]]
+    return merged
+
+
+def _split_shards(chosen, merged, groups):
+    """Methods and statistics per shard of the partitioned variables: k shards, the jth on
+    the jth server chosen; each shard 1/k of the variable (as the workers will build it)."""
+    chosen, stats = dict(chosen), dict(merged)
+    for group in groups:
+        method, whole = chosen.pop(group.name), stats.pop(group.name)
+        count = len(method.servers) or group.min_partitions
+        for j in range(count):
+            name = f"{group.name}/part_{j}"
+            chosen[name] = cost.Method(method.how, method.servers[j:j + 1])
+            stats[name] = dataclasses.replace(
+                whole, name=name, nbytes=whole.nbytes // count,
+                rows=None if not whole.sparse else whole.rows // count,
+                unique=tuple(u // count for u in whole.unique))
+    return chosen, stats
+
+
+def measure_compute(graph: tf.Graph, analysis: GraphAnalysis,
+                    steps: int = 3) -> Tuple[Optional[float], Optional[str]]:
+    """Seconds of one training step on one worker's batch, alone: every update the graph makes
+    from its gradients, run after one warm-up step; the median of `steps`. Or why it cannot."""
+    writes = list(dict.fromkeys(analysis.training_writes))
+    initializers = [v.initializer for v in graph.get_collection(
+        tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(
+        tf.compat.v1.GraphKeys.LOCAL_VARIABLES)]
+    initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    seconds = []
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        try:
+            session.run(initializers)
+            for _ in range(steps + 1):
+                start = time.perf_counter()
+                session.run(writes)
+                seconds.append(time.perf_counter() - start)
+        except tf.errors.OpError as error:
+            return None, f"the step could not run before the job: {error.message.splitlines()[0]}"
+    return statistics.median(seconds[1:]), None
 
 
 def measure(graph: tf.Graph, analysis: GraphAnalysis,

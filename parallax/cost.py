@@ -137,15 +137,16 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 
 
 def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
-           max_shards: int = 1, summable: Optional[Collection[str]] = None,
-           **options) -> Dict[str, Method]:
+           shard_counts: Optional[Dict[str, Sequence[int]]] = None,
+           summable: Optional[Collection[str]] = None,
+           hows: Optional[Dict[str, str]] = None, **options) -> Dict[str, Method]:
     """Per variable, the method that adds least to the predicted step time given the ones
     chosen so far: allreduce for a dense gradient; for a sparse one allreduce (as dense),
-    allgather, or parameter servers (one, or up to `max_shards` shards; of servers equally
-    fast, the least loaded); as dense only those in `summable` (all when None), whose rows
-    may be summed by id. Dense variables come
-    first (their allreduce, and its latency, is then paid for), then sparse ones, largest
-    first."""
+    allgather, or parameter servers (in as many row shards as `shard_counts` allows it, 1 when
+    not given; of servers equally fast, the least loaded); as dense only those in `summable`
+    (all when None), whose rows may be summed by id; only `hows[name]` where given (a run
+    option's rule). Dense variables come first (their allreduce, and its latency, is then paid
+    for), then sparse ones, largest first."""
     choice: Dict[str, Method] = {}
     by_name = {var.name: var for var in stats}
     machines = range(cluster.machines)
@@ -155,9 +156,12 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
             candidates.append(Method(ALLREDUCE))
         if var.sparse:
             candidates.append(Method(ALLGATHER))
-            for k in range(1, min(max_shards, cluster.machines) + 1):
+        if var.sparse or (hows or {}).get(var.name) == PS:
+            for k in (shard_counts or {}).get(var.name, (1,)):
                 candidates += [Method(PS, tuple((first + i) % cluster.machines
                                                 for i in range(k))) for first in machines]
+        if hows and var.name in hows:
+            candidates = [m for m in candidates if m.how == hows[var.name]]
         times = {method: step_time({**choice, var.name: method}, by_name, cluster, links,
                                    **options) for method in candidates}
         fastest = min(times.values())

@@ -44,6 +44,8 @@ class Plan:
     averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
     run_index: int = 0  # which get_runner call of the process this plan is for
     decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
+    # Config(sync=False): each worker updates the servers' variables with its own gradients
+    asynchronous: bool = False
 
     @property
     def sync_batch_norm(self) -> bool:
@@ -89,14 +91,10 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     for info in analysis.variables.values():
         average = config.average_sparse if info.is_sparse else config.average_dense
         if decision is not None:
-            sync, server = _chosen(info, decision)
-            variables[info.name] = VariablePlan(info, sync, average, server)
-            continue
-        if run_option == "PS" or (run_option == "HYBRID" and info.is_sparse):
-            sync = Sync.PS
+            sync, server = _chosen(info, decision, config.run_option)
         else:
-            sync = Sync.ALLGATHER if info.is_sparse else Sync.ALLREDUCE
-        variables[info.name] = VariablePlan(info, sync, average)
+            sync, server = rule(run_option, info), None
+        variables[info.name] = VariablePlan(info, sync, average, server)
     _partition_by_bytes([p for p in variables.values() if p.sync is Sync.PS
                          and p.server is None], len(cluster.servers))
     extra_state_servers = _place_extra_state(analysis, variables, run_option)
@@ -105,20 +103,34 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     server_writes += [op for name in extra_state_servers
                       for op in analysis.extra_state[name].update_ops]
     server_writes = list(dict.fromkeys(server_writes))  # one op may update several
-    _check_no_conditional_server_writes(analysis, server_writes)
-    _check_writes_on_one_side(analysis, variables, extra_state_servers)
+    if config.sync:  # the chief alone applies the step's aggregates
+        _check_no_conditional_server_writes(analysis, server_writes)
+        _check_writes_on_one_side(analysis, variables, extra_state_servers)
+    elif run_option == "AR":
+        raise ParallaxError(
+            "sync=False: asynchronous training updates variables on parameter servers, and "
+            "this plan has none (run_option AR, or HYBRID/AUTO for a model without sparse "
+            "gradients); use run_option='PS', or train synchronously")
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
                 config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
                 analysis.batch_moments if config.sync_batch_norm else [],
-                analysis.averaged_writes, run_index, decision)
+                analysis.averaged_writes, run_index, decision, not config.sync)
 
 
-def _chosen(info: VariableInfo, decision: Decision) -> Tuple[Sync, Optional[int]]:
-    """AUTO's choice for a variable (its server, if it decided one); HYBRID's rule for one the
-    driver did not see (a graph built after the first get_runner of the script)."""
+def rule(run_option: str, info: VariableInfo) -> Sync:
+    """How a run option synchronizes a variable (AUTO: when it decided nothing, as HYBRID)."""
+    if run_option == "PS" or (run_option in ("HYBRID", "AUTO") and info.is_sparse):
+        return Sync.PS
+    return Sync.ALLGATHER if info.is_sparse else Sync.ALLREDUCE
+
+
+def _chosen(info: VariableInfo, decision: Decision,
+            run_option: str = "AUTO") -> Tuple[Sync, Optional[int]]:
+    """The driver's decision for a variable (its server, if it decided one); the run option's
+    rule for one the driver did not see (a graph built after the first get_runner)."""
     chosen = decision.methods.get(info.name)
     if chosen is None:
-        return (Sync.PS if info.is_sparse else Sync.ALLREDUCE), None
+        return rule(run_option, info), None
     return Sync(chosen["how"]), chosen["server"]
 
 
@@ -212,15 +224,19 @@ def _on_server_in_ps(analysis: GraphAnalysis, name: str) -> bool:
 def describe(plan: Plan) -> str:
     """A table of every variable: kind, shape, bytes, where it lives, how it is synchronized;
     under AUTO also alpha (the share of its rows one worker's batch touches), the bytes the
-    busiest link carries for it in a step as predicted, and its share of those."""
+    busiest link carries for it in a step as predicted, and the share of the predicted step
+    those bytes take."""
     stats = plan.decision.variable_stats() if plan.decision is not None else {}
     predicted = _predicted_bytes(plan, stats)
     rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
-            + (("alpha", "predicted bytes", "share") if predicted else ())]
-    total = sum(predicted.values()) or 1
+            + (("alpha", "predicted bytes", "share of step") if predicted else ())]
+    if predicted:
+        seconds_per_byte = 1 / (plan.decision.link_model().bandwidth * (plan.decision.step or 1))
     for var_plan in plan.variables.values():
         info = var_plan.variable
         how = f"{var_plan.sync.value} ({'mean' if var_plan.average else 'sum'})"
+        if plan.asynchronous and var_plan.sync is Sync.PS:
+            how = f"{var_plan.sync.value} (asynchronous)"
         if var_plan.sync is Sync.PS:
             where = f"server {var_plan.server} ({plan.cluster.servers[var_plan.server]})"
         else:
@@ -231,7 +247,7 @@ def describe(plan: Plan) -> str:
             measured = stats[info.name]
             alpha = f"{measured.distinct(1) / info.shape[0]:.3f}" if measured.sparse else "-"
             row += (alpha, f"{predicted[info.name]:.0f}",
-                    f"{predicted[info.name] / total:.0%}")
+                    f"{predicted[info.name] * seconds_per_byte:.0%}")
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
@@ -239,6 +255,10 @@ def describe(plan: Plan) -> str:
     header = (f"Parallax plan: run_option={plan.run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
               + (", local aggregation" if plan.ps_config.local_aggregation and plan.cluster.servers else ""))
+    if plan.asynchronous:
+        header += ("\nasynchronous: each worker applies its own gradients to the servers' "
+                   "variables as they arrive" + ("; dense variables are allreduced, in step"
+                                                 if plan.with_sync(Sync.ALLREDUCE) else ""))
     if plan.decision is not None:
         header += f"\nAUTO: {plan.decision.note}"
     return "\n".join([header] + lines)

@@ -1,11 +1,15 @@
 """run_option='AUTO' in the driver: the probe of the input and the decision it leads to."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import parallax  # noqa: F401  (records gradients)
 from parallax import cost
 from parallax.analysis import analyze
 from parallax.auto import Decision, decide
+from parallax.cluster import Cluster
+from parallax.config import Config
+from parallax.plan import describe, make_plan
 
 TWO_BY_TWO = [2, 2]  # workers of each machine
 
@@ -51,3 +55,44 @@ def test_a_fed_graph_gets_hybrids_rule_and_says_why():
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note.startswith("HYBRID's rule: the input could not be read")
+
+
+def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
+    graph = _graph(vocab=100_000, ids_per_batch=500)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
+    assert 0 < decision.compute < 5
+    stats = decision.variable_stats()
+    chosen = {name: cost.Method(m["how"], (m["server"],) if m["server"] is not None else ())
+              for name, m in decision.methods.items()}
+    communication = cost.step_time(chosen, stats, cost.Cluster(2, 2), cost.Links(bandwidth=1e6))
+    assert decision.step == pytest.approx(decision.compute + communication)
+    assert "one worker's step alone" in decision.note and "predicted step" in decision.note
+    assert decision.link_model() == cost.Links(bandwidth=1e6)
+
+
+def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():
+    graph = _graph(vocab=1000, ids_per_batch=20)
+    with graph.as_default():  # a second input, fed: the probe reads the ids, the step needs both
+        scale = tf.compat.v1.placeholder(tf.float32, [])
+        w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(w) * scale)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.compute is None and "compute not measured (the step could not" in decision.note
+
+
+def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():
+    graph = _graph(vocab=100_000, ids_per_batch=500)
+    analysis = analyze(graph)
+    decision = decide(graph, analysis, TWO_BY_TWO, cost.Links(bandwidth=1e6))
+    cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
+    text = describe(make_plan(analysis, Config(run_option="AUTO"), cluster, decision=decision))
+    assert "predicted step" in text.splitlines()[1]
+    header, table, w = text.splitlines()[2:5]
+    assert header.endswith("alpha  predicted bytes  share of step")
+    table_cells, w_cells = table.split(), w.split()
+    assert table_cells[0] == "table" and "parameter" in table
+    assert 0.0 < float(table_cells[-3]) < 0.01  # alpha: 500 rows of 100,000
+    assert w_cells[0] == "w" and "allreduce" in w and w_cells[-3] == "-"
+    # w: 2 * 256 bytes * 3/4 each way; the table's pulls and pushes: most of the step
+    assert float(w_cells[-2]) == 384
+    assert int(table_cells[-1].rstrip("%")) > 50

@@ -72,7 +72,24 @@ def test_a_large_table_read_a_little_goes_to_a_server_and_two_are_balanced():
 def test_shards_are_chosen_when_one_table_would_load_one_machine():
     table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
                           unique=(900, 1700, 2400, 3000))
-    assert choose([table], TWO_BY_TWO, Links(), max_shards=2)["a"] == Method(PS, (0, 1))
+    assert choose([table], TWO_BY_TWO, Links(), shard_counts={"a": (1, 2)})["a"] == Method(
+        PS, (0, 1))
+    assert choose([table], TWO_BY_TWO, Links(), shard_counts={"a": (4,)})["a"] == Method(
+        PS, (0, 1, 0, 1))
+
+
+def test_a_run_options_rule_restricts_the_methods_and_shards_are_still_chosen():
+    # A dense variable on servers (PS's rule), 4 machines of one worker: on one server its
+    # machine sends it to 3 others (3w); in 4 shards every link sends 3w/4 + 3 x w/4.
+    dense = VariableStats("w", nbytes=4 << 20)
+    table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
+                          unique=(900, 1700, 2400, 3000))
+    chosen = choose([dense, table], Cluster(4, 1), Links(), shard_counts={"w": (1, 2, 4)},
+                    hows={"w": PS, "a": ALLGATHER})
+    assert chosen == {"w": Method(PS, (0, 1, 2, 3)), "a": Method(ALLGATHER)}
+    # On 2 machines the split moves as many bytes: of equal times, the fewest shards.
+    assert choose([dense], TWO_BY_TWO, Links(), shard_counts={"w": (1, 2)},
+                  hows={"w": PS})["w"] == Method(PS, (0,))
 
 
 def test_tables_the_links_price_alike_are_spread_over_the_servers():

@@ -13,7 +13,8 @@ from parallax.passes.boundary import place_boundary_ops
 from parallax.passes.dense_shapes import free_constant_dense_shapes
 from parallax.passes.loop_reads import copy_loop_reads_to_worker
 from parallax.passes.placement import place_post_aggregation_ops
-from parallax.passes.ps import aggregate_on_servers, place_variables_on_servers
+from parallax.passes.ps import (aggregate_on_servers, mark_servers_ready,
+                                place_variables_on_servers)
 from parallax.passes.replicate import pin_to_worker, separate_runner_state
 from parallax.passes.sync import synchronize_steps
 from parallax.passes.unique_rows import gather_unique_rows
@@ -25,14 +26,24 @@ _REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, average_w
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
        copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
        gather_unique_rows, synchronize_steps, separate_runner_state)
+# Config(sync=False): each worker applies its own gradients to the servers' variables, as they
+# arrive; no aggregation, no steps to synchronize.
+_PS_ASYNC = (place_variables_on_servers, mark_servers_ready, pin_to_worker,
+             copy_loop_reads_to_worker, place_boundary_ops, gather_unique_rows,
+             separate_runner_state)
 _PIPELINES = {
     "AR": (allreduce_gradients,) + _REPLICAS,
     "PS": _REPLICAS + _PS,
     "HYBRID": (allreduce_gradients,) + _REPLICAS + _PS,
 }
+_ASYNC_PIPELINES = {
+    "PS": _REPLICAS + _PS_ASYNC,
+    "HYBRID": (allreduce_gradients,) + _REPLICAS + _PS_ASYNC,
+}
 
 
 def transform(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    for graph_pass in _PIPELINES[plan.run_option]:
+    pipelines = _ASYNC_PIPELINES if plan.asynchronous else _PIPELINES
+    for graph_pass in pipelines[plan.run_option]:
         graph = graph_pass(graph, plan)
     return graph

@@ -52,6 +52,17 @@ def _colocate_with_itself(op) -> None:
     op._set_attr("_class", own)  # pylint: disable=protected-access
 
 
+def mark_servers_ready(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """Asynchronous training has no mirror variables, whose initialization by the chief (after
+    the servers' variables, and their restore from a checkpoint) tells the other workers they
+    may start: one flag variable on the first server stands for them."""
+    with graph.as_default(), tf.device(plan.cluster.server_device(0)):
+        tf.compat.v1.Variable(True, trainable=False, use_resource=True,
+                              name="parallax_servers_ready",
+                              collections=[SERVER_STATE_COLLECTION])
+    return graph
+
+
 def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     cluster = plan.cluster
     with graph.as_default(), tf.name_scope("parallax_ps"):

@@ -1,0 +1,102 @@
+"""`parallax.get_partitioner`: a variable stored in row shards, each its own variable (on a
+parameter server, a shard each), whose number the cost model chooses when
+`Config(search_partitions=True)`.
+
+TensorFlow calls a partitioner with the variable's shape, not its name, so the calls are told
+apart by their order in the graph, which the driver and every worker build alike: the driver
+records which variable each call made (`partitioned_variables`), the decision (auto.py) gives
+each call its count, and a worker's call reads its count from the decision in its environment.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Dict, List
+
+import tensorflow as tf
+
+from parallax.errors import ParallaxError
+
+CALLS_COLLECTION = "parallax_partitioner_calls"  # one _Call per call, in the order made
+DECISION_ENV = "PARALLAX_AUTO"  # auto.Decision, whose `partitions` are read here
+
+
+@dataclasses.dataclass
+class _Call:
+    first_variable: int  # the index its first shard has in GLOBAL_VARIABLES
+    min_partitions: int
+
+
+@dataclasses.dataclass
+class Partitioned:
+    """A variable made by a partitioner of Parallax: its name and those of its shards."""
+    name: str
+    shards: List[str]
+    min_partitions: int
+
+
+def get_partitioner(min_partitions: int = 1):
+    """A partitioner for `tf.compat.v1.get_variable(partitioner=...)` or a variable_scope: the
+    variable is split along its first axis in `min_partitions` shards (at most one a row), or
+    with `Config(search_partitions=True)` in as many as the cost model predicts fastest, from
+    min_partitions to the number of machines. Outside a Parallax job, min_partitions.
+
+    Each shard is drawn by the initializer on its own: initial values depend on the number of
+    shards unless the initializer slices a full value by its `partition_info`. A checkpoint
+    stores the variable whole (by its name and shape); it reads back into an unpartitioned
+    variable with the same rows when lookups use partition_strategy='div'."""
+    if not isinstance(min_partitions, int) or min_partitions < 1:
+        raise ValueError(f"get_partitioner: min_partitions must be a whole number >= 1, got "
+                         f"{min_partitions!r}")
+
+    def partitioner(shape, dtype):  # pylint: disable=unused-argument
+        graph = tf.compat.v1.get_default_graph()
+        calls = graph.get_collection_ref(CALLS_COLLECTION)
+        count = _decided_counts().get(len(calls), min_partitions)
+        calls.append(_Call(len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)),
+                           min_partitions))
+        return [max(1, min(count, shape[0]))] + [1] * (len(shape) - 1)
+
+    return partitioner
+
+
+def _decided_counts() -> Dict[int, int]:
+    """The driver's counts by call, in a worker of a job that searched partitions."""
+    if DECISION_ENV not in os.environ:
+        return {}
+    return {call: count for call, _, count in json.loads(os.environ[DECISION_ENV]).get(
+        "partitions", [])}
+
+
+def partitioned_variables(graph: tf.Graph) -> List[Partitioned]:
+    """The variables of `graph` Parallax's partitioners made, by call."""
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    made = []
+    for call in graph.get_collection(CALLS_COLLECTION):
+        first = variables[call.first_variable] if call.first_variable < len(variables) else None
+        info = getattr(first, "_save_slice_info", None)
+        if info is None:
+            raise ParallaxError(
+                "a partitioner of parallax.get_partitioner made no variable in GLOBAL_VARIABLES "
+                "(created with other collections?): Parallax tells its variables by that list")
+        made.append(Partitioned(info.full_name, [
+            v.op.name for v in variables
+            if getattr(v, "_save_slice_info", None) is not None
+            and v._save_slice_info.full_name == info.full_name], call.min_partitions))
+    return made
+
+
+def check_counts(graph: tf.Graph, partitions: List[list]) -> None:
+    """In a worker: the partitioned variables are those the driver decided for, and have the
+    counts it chose (a script that builds its graph otherwise in a worker would train another
+    model than the one measured)."""
+    made = partitioned_variables(graph)
+    expected = {call: (name, count) for call, name, count in partitions}
+    for call, variable in enumerate(made):
+        name, count = expected.get(call, (variable.name, len(variable.shards)))
+        if (name, count) != (variable.name, len(variable.shards)):
+            raise ParallaxError(
+                f"parallax.get_partitioner call {call} made {variable.name!r} in "
+                f"{len(variable.shards)} shards in this worker, but {name!r} in {count} in the "
+                "driver: the script must build the same graph in every process")
