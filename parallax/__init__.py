@@ -13,8 +13,11 @@ from parallax import capture  # noqa: E402
 
 capture.install()
 
-from parallax.api import get_runner, num_workers, shard  # noqa: E402  (after the capture hook)
-from parallax.config import CheckpointConfig, Config, PSConfig  # noqa: E402
+from parallax.api import (get_runner, num_shards_and_shard_id, num_workers,  # noqa: E402
+                          shard)  # (after the capture hook)
+from parallax.config import CheckpointConfig, Config, ProfileConfig, PSConfig  # noqa: E402
 from parallax.errors import ParallaxError  # noqa: E402
+from parallax.partitioner import get_partitioner  # noqa: E402
 
-__all__ = ["get_runner", "shard", "num_workers", "Config", "PSConfig", "CheckpointConfig", "ParallaxError"]
+__all__ = ["get_runner", "shard", "num_workers", "num_shards_and_shard_id", "get_partitioner",
+           "Config", "PSConfig", "CheckpointConfig", "ProfileConfig", "ParallaxError"]

@@ -7,17 +7,20 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
 from parallax import cost, launch
 from parallax.analysis import analyze
 from parallax.auto import Decision, decide
+from parallax.partitioner import check_counts
+from parallax.profile import Profiler
 from parallax.checkpoint import Checkpointer
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
+from parallax.graph_copy import GraphMap, copy_graph
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
@@ -30,16 +33,39 @@ log = logging.getLogger("parallax")
 _run_indices = itertools.count()  # this process's get_runner calls: each gets fresh state
 
 
-def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """This worker's disjoint share of `dataset`: every num_workers-th element from its id."""
+def shard(dataset):
+    """This worker's disjoint share of `dataset`: every num_workers-th element from its id.
+    `dataset` is a tf.data.Dataset, or a list of file names (for a queue-based pipeline's
+    tf.compat.v1.train.string_input_producer), which is shared out whole files each."""
     num_workers, worker_id = launch.worker_count_and_id()
-    return dataset if num_workers == 1 else dataset.shard(num_workers, worker_id)
+    if isinstance(dataset, tf.data.Dataset):
+        return dataset if num_workers == 1 else dataset.shard(num_workers, worker_id)
+    if isinstance(dataset, (list, tuple)) and all(isinstance(f, (str, bytes)) for f in dataset):
+        files = list(dataset)[worker_id::num_workers]
+        if not files:
+            raise ParallaxError(f"parallax.shard: {len(dataset)} files for {num_workers} "
+                                f"workers leave worker {worker_id} none; split the data in at "
+                                "least as many files as workers, or use tf.data")
+        return files
+    raise ParallaxError(
+        f"parallax.shard takes a tf.data.Dataset or a list of file names, got "
+        f"{type(dataset).__name__}: for other input, use tf.data, shard in the graph with "
+        "parallax.num_shards_and_shard_id(), or feed each worker its rows (README, Porting)")
 
 
 def num_workers() -> int:
     """The number of workers of the job, for graph code that counts in steps of the combined
     batch (decay_steps); 1 in the driver, which builds the graph only to analyze it."""
     return launch.worker_count_and_id()[0]
+
+
+def num_shards_and_shard_id() -> Tuple[tf.Tensor, tf.Tensor]:
+    """The number of workers and this worker's id, as int64 tensors of the default graph: for
+    input code in the graph that shards by itself (a filename queue, `Dataset.shard`,
+    arithmetic on a global index). (1, 0) in the driver and outside a job."""
+    num_workers_, worker_id = launch.worker_count_and_id()
+    return (tf.constant(num_workers_, tf.int64, name="parallax_num_shards"),
+            tf.constant(worker_id, tf.int64, name="parallax_shard_id"))
 
 
 def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None):
@@ -55,9 +81,10 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
     if launch.role() == "driver":
         decision = None
-        if config.run_option == "AUTO":
+        if _decides(config):
             shape, links = launch.probe_cluster(resources, config)
-            decision = decide(graph, analysis, shape, cost.Links(**links) if links else None)
+            decision = decide(graph, analysis, shape, cost.Links(**links) if links else None,
+                              config.run_option, config.search_partitions)
         validate(analysis, config, decision)
         run_option = effective_run_option(config.run_option, analysis, decision)
         launch.run_driver(resources, config, run_option,
@@ -66,7 +93,12 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     return _start_worker(graph, analysis, config)
 
 
-def _start_worker(graph, analysis, config) -> ParallaxRunner:
+def _decides(config: Config) -> bool:
+    """Whether the driver measures and decides before launching (parallax/auto.py)."""
+    return config.run_option == "AUTO" or config.search_partitions
+
+
+def _start_worker(user_graph, analysis, config) -> ParallaxRunner:
     heartbeat = start_heartbeat()  # None unless a driver started this process
     if heartbeat is not None:
         _past_startup()
@@ -78,13 +110,19 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     cluster = Cluster.from_env()
-    decision = Decision.from_env() if config.run_option == "AUTO" else None
+    decision = Decision.from_env() if _decides(config) else None
+    if decision is not None:
+        check_counts(user_graph, decision.partitions)
     plan = make_plan(analysis, config, cluster, run_index=next(_run_indices), decision=decision)
     if plan.uses_horovod:
         import horovod.tensorflow as hvd  # only jobs with replicas join a Horovod job
 
         hvd.init()
-    graph = transform(graph, plan)
+    if config.export_graph_path and cluster.is_chief:
+        _export_graph(user_graph, config.export_graph_path, "single_device")
+    graph = transform(copy_graph(user_graph), plan)
+    if config.export_graph_path:
+        _export_graph(graph, config.export_graph_path, f"worker{cluster.worker_id}")
     sess_config = tf.compat.v1.ConfigProto()
     sess_config.CopyFrom(config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True))
     target = ""
@@ -98,13 +136,21 @@ def _start_worker(graph, analysis, config) -> ParallaxRunner:
     description = describe(plan)
     if cluster.is_chief:
         log.info("%s", description)
-    training_writes = [op for info in analysis.variables.values() for op in info.update_ops]
-    training_writes += [op for state in analysis.extra_state.values() for op in state.update_ops]
     if heartbeat is not None:
         heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
     synchronization = {name: p.sync.value for name, p in plan.variables.items()}
-    return ParallaxRunner(graph, session, cluster.num_workers, cluster.worker_id, description,
-                          checkpointer, training_writes, heartbeat, synchronization)
+    profiler = (Profiler(config.profile_config, cluster.worker_id, graph)
+                if config.profile_config else None)
+    return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
+                          cluster.worker_id, description, checkpointer, analysis.training_writes,
+                          heartbeat, synchronization, profiler)
+
+
+def _export_graph(graph: tf.Graph, path: str, name: str) -> None:
+    """`name`.pbtxt and a TensorBoard event file in the folder `name`, under `path`."""
+    tf.io.write_graph(graph, path, f"{name}.pbtxt")
+    writer = tf.compat.v1.summary.FileWriter(os.path.join(path, name), graph)
+    writer.close()
 
 
 def _past_startup() -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 from runner.ssh import SSHConfig
 
@@ -39,6 +39,24 @@ class CheckpointConfig:
     ckpt_dir: Optional[str] = None
     save_ckpt_steps: Optional[int] = None
     save_ckpt_secs: Optional[float] = None
+
+
+@dataclasses.dataclass
+class ProfileConfig:
+    """Timelines of chosen runs (parallax/profile.py). profile_dir: where the traces and
+    phases.jsonl go (created). profile_steps: which runs, counted from 1 in each worker's
+    runner.run calls. profile_workers: which workers (ids)."""
+
+    profile_dir: str
+    profile_steps: Sequence[int] = (10,)
+    profile_workers: Sequence[int] = (0,)
+
+    def __post_init__(self):
+        if not self.profile_dir:
+            raise ValueError("ProfileConfig needs a profile_dir")
+        if not all(isinstance(s, int) and s >= 1 for s in self.profile_steps):
+            raise ValueError(f"profile_steps are runs counted from 1, got "
+                             f"{list(self.profile_steps)!r}")
 
 
 @dataclasses.dataclass
@@ -82,6 +100,20 @@ class Config:
         (time, step, steps_per_sec, step_seconds and the scalars of `runner.run(report=...)`).
     progress_bar: the driver's progress bar (global step, steps/s, reported scalars); None
         shows it when the driver's stderr is a terminal.
+    search_partitions: the number of shards of each variable made by
+        parallax.get_partitioner(min_partitions) is the one the cost model predicts fastest
+        (from min_partitions to the number of machines), measured by the driver as for AUTO;
+        off, min_partitions.
+    profile_config: a parallax.ProfileConfig(profile_dir, profile_steps, profile_workers): a
+        Chrome trace of those runs on those workers, and how long each spent in each phase
+        (input, pull, push, server, allreduce, wait_for_chief, compute) in phases.jsonl.
+    sync: False for asynchronous training (the paper's PS architecture): each worker applies
+        its own gradients to the variables on parameter servers as they arrive, without
+        aggregation or steps in common (no worker waits for another); dense variables of
+        HYBRID keep their allreduce, in step. Needs parameter servers (PS, HYBRID).
+    export_graph_path: a folder where each worker writes the graph it runs, rewritten
+        (workerN.pbtxt, and a TensorBoard event file in the folder workerN), and the chief the
+        single-device graph it was given (single_device.pbtxt, single_device/).
     """
 
     run_option: str = "HYBRID"
@@ -99,6 +131,10 @@ class Config:
     max_restarts: int = 0
     metrics_file: Optional[str] = None
     progress_bar: Optional[bool] = None
+    search_partitions: bool = False
+    profile_config: Optional[ProfileConfig] = None
+    export_graph_path: Optional[str] = None
+    sync: bool = True
 
     def __post_init__(self):
         option = str(self.run_option).upper()

@@ -6,11 +6,17 @@ import logging
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
+# What tf.compat.v1.train.Saver checks its `sess` against, and the default-session stack of
+# Tensor.eval and Operation.run: TensorFlow exports neither by name.
+from tensorflow.python.client.session import SessionInterface
+from tensorflow.python.framework import stack
 
 from parallax.errors import ParallaxError
+from parallax.graph_copy import GraphMap
 from parallax.passes.rewire import read_aggregated
 from parallax.passes.sync import read_server_writes
 from parallax.steps import Steps
@@ -18,13 +24,18 @@ from parallax.steps import Steps
 log = logging.getLogger("parallax")
 
 
-class ParallaxRunner:
-    """What `parallax.get_runner` returns in each worker process."""
+class ParallaxRunner(SessionInterface):
+    """What `parallax.get_runner` returns in each worker process. It stands for a session
+    where TensorFlow takes one: `saver.save(runner, path)` (the chief writes the files, other
+    workers only return the path), `saver.restore(runner, path)`, and `tensor.eval()` or
+    `op.run()` inside `with runner.as_default():`."""
 
-    def __init__(self, graph: tf.Graph, session: tf.compat.v1.Session, num_workers: int,
+    def __init__(self, graphs: GraphMap, session: tf.compat.v1.Session, num_workers: int,
                  worker_id: int, description: str, checkpointer=None, training_writes=(),
-                 heartbeat=None, synchronization=None):
-        self.graph = graph
+                 heartbeat=None, synchronization=None, profiler=None):
+        self._graphs = graphs
+        graph = graphs.copy
+        self._profiler = profiler  # parallax.profile.Profiler: which runs to trace
         self._checkpointer = checkpointer
         self.session = session
         self.num_workers = num_workers
@@ -46,10 +57,45 @@ class ParallaxRunner:
         self._previous_sigterm = None
         if checkpointer is not None and checkpointer.active:
             self._save_on_sigterm()
+        # A queue-based input pipeline (tf.compat.v1.train.shuffle_batch, string_input_producer)
+        # runs as under tf.compat.v1.train.MonitoredSession: started here, stopped at close.
+        self._coordinator = tf.compat.v1.train.Coordinator()
+        self._queue_threads = []
+        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+            with graph.as_default():
+                self._queue_threads = tf.compat.v1.train.start_queue_runners(
+                    session, coord=self._coordinator, daemon=True)
+
+    @property
+    def graph(self) -> tf.Graph:
+        """The graph given to get_runner, as it was built: single-device, for a FileWriter or
+        a Saver's meta graph. Ops built in it later run too."""
+        return self._graphs.user
+
+    @property
+    def transformed_graph(self) -> tf.Graph:
+        """The graph this worker runs: a copy of the user's, rewritten by Parallax."""
+        return self._graphs.copy
+
+    @property
+    def sess_str(self) -> str:
+        return self.session.sess_str
 
     @property
     def is_chief(self) -> bool:
         return self.worker_id == 0
+
+    def as_default(self):
+        """A context in which this runner is the default session: `tensor.eval()`,
+        `op.run()`, and the TensorFlow functions that take the default session."""
+        return stack.default_session(self)
+
+    def partial_run_setup(self, fetches, feeds=None):
+        raise ParallaxError("partial runs are not supported by Parallax's runner: a step is "
+                            "one runner.run")
+
+    def partial_run(self, handle, fetches, feed_dict=None):
+        self.partial_run_setup(fetches)
 
     def describe(self) -> str:
         """One line per variable: kind, shape, bytes, where it lives, how it is synchronized."""
@@ -59,16 +105,27 @@ class ParallaxRunner:
         """Session.run on the original graph's fetches and feeds. `report`: scalars to show
         in the driver's progress bar and metrics file, averaged over workers, e.g.
         {"loss": loss}; they are computed in the same run."""
+        if not self.is_chief and _is_checkpoint_save(self._element_or_none(fetches)):
+            # Saver.save(runner, path): the chief writes the checkpoint; the others would write
+            # the same files at once.
+            return list(feed_dict.values())[0] if feed_dict else None
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         reported = {name: self._map_fetch(value) for name, value in (report or {}).items()}
         feeds = None if feed_dict is None else {
-            self._element(key, "feed key"): value for key, value in feed_dict.items()}
+            self._graphs.find(self._element(key, "feed key")): value
+            for key, value in feed_dict.items()}
+        traced = False
+        if self._profiler is not None:
+            options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
         if self._heartbeat is not None:
             self._heartbeat.run_started()
         self._busy, training, scalars = True, False, {}
         try:
+            started = time.perf_counter()
             (result, values), training = self._steps.run(
                 self.session, (mapped, reported), feeds, options, run_metadata)
+            if traced:
+                self._profiler.write(run_metadata, time.perf_counter() - started)
             scalars = _scalars(values)
             if self._checkpointer is not None:
                 self._checkpointer.after_run(self.session)
@@ -89,6 +146,10 @@ class ParallaxRunner:
             self._busy = True
             self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
             self._busy = False
+        # Each queue runner closes its queue, cancelling the enqueues under way, and its thread
+        # ends quietly (a closed session would fail them with CancelledError instead).
+        self._coordinator.request_stop()
+        self._coordinator.join(self._queue_threads, stop_grace_period_secs=10)
         self.session.close()
 
     def _save_on_sigterm(self) -> None:
@@ -123,11 +184,13 @@ class ParallaxRunner:
 
     def _map_fetch(self, fetch):
         element = self._element(fetch, "fetch")
-        if isinstance(element, tf.Variable):
-            element = self.graph.as_graph_element(element)  # its value, as Session.run reads it
+        if isinstance(element, tf.Variable):  # its value, as Session.run reads it
+            element = element.graph.as_graph_element(element)
         if isinstance(element, tf.IndexedSlices):
-            return tf.IndexedSlices(self._aggregate(element.values),
-                                    self._aggregate(element.indices), element.dense_shape)
+            return tf.IndexedSlices(*(self._aggregate(self._graphs.find(part)) for part in (
+                element.values, element.indices, element.dense_shape) if part is not None))
+        if isinstance(element, (tf.Tensor, tf.Operation)):
+            element = self._graphs.find(element)
         if isinstance(element, tf.Tensor):
             return self._aggregate(element)
         if isinstance(element, tf.Operation):
@@ -147,7 +210,7 @@ class ParallaxRunner:
         """Parallax initialized the variables (the same on every worker, or from the latest
         checkpoint); running an initializer again would set one replica apart."""
         if self._skipped_initializer is None:
-            with self.graph.as_default():
+            with self.transformed_graph.as_default():
                 self._skipped_initializer = tf.no_op(name="parallax_skipped_initializer")
         log.warning("runner.run(%s) skipped: Parallax initializes the variables "
                     "itself (and restores checkpoints); remove this call", op.name)
@@ -156,7 +219,16 @@ class ParallaxRunner:
     def _aggregate(self, tensor: tf.Tensor) -> tf.Tensor:
         """A fetched gradient is the aggregated one, as training on one device would give."""
         name = self._aggregated.get(tensor.name)
-        return tensor if name is None else self.graph.get_tensor_by_name(name)
+        return tensor if name is None else self.transformed_graph.get_tensor_by_name(name)
+
+    def _element_or_none(self, item):
+        """The graph element `item` names, when it is a single tensor or op of the graph."""
+        if not isinstance(item, (str, tf.Tensor, tf.Operation)):
+            return None
+        try:
+            return self._element(item, "fetch")
+        except ParallaxError:
+            return None
 
     def _element(self, item, what: str):
         if isinstance(item, str):
@@ -169,11 +241,19 @@ class ParallaxRunner:
         graph = getattr(item, "graph", None)
         if graph is None and isinstance(item, tf.IndexedSlices):
             graph = item.values.graph
-        if graph is not self.graph:
+        if graph is not self.graph and graph is not self.transformed_graph:
             raise ParallaxError(
                 f"{what} {item!r} does not belong to the graph given to get_runner; build "
                 "fetches and feeds in that graph (or pass their names).")
         return item
+
+
+def _is_checkpoint_save(element) -> bool:
+    """Whether `element` is a Saver's save tensor: the path, after the ops writing the files."""
+    if not isinstance(element, (tf.Tensor, tf.Operation)):
+        return False
+    op = element if isinstance(element, tf.Operation) else element.op
+    return any(c.type in ("SaveV2", "MergeV2Checkpoints", "SaveSlices") for c in op.control_inputs)
 
 
 def _scalars(values: dict) -> dict:

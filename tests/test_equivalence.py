@@ -105,3 +105,32 @@ def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkey
             for name, value in expected.items():
                 np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
                                            err_msg=f"{config}: {name} on worker {worker}")
+
+
+def test_searched_partitions_are_chosen_by_the_cost_model_and_equal_single_device(
+        tmp_path, monkeypatch):
+    """An embedding made with parallax.get_partitioner(1) under search_partitions on 2 machines:
+    the driver's cost model splits it in 2 shards, one a server (the shards balance each link's
+    pulls and pushes), every worker builds it so, and training is single-device training of the
+    same graph (the embedding in 2 shards) on the combined batch."""
+    configs = ["adagrad+clip", "adam"]
+    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", "partitioned",
+                     "--resources", TWO_MACHINES, "--run-option", "HYBRID",
+                     "--search-partitions", "--out", str(tmp_path), "--configs", *configs,
+                     timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "partitions: embedding in 2" in result.stdout, result.stdout[-3000:]
+    plan = [line for line in result.stdout.splitlines() if "] embedding/part_" in line]
+    assert len(plan) == 2 * len(configs), plan  # the chief's plan of each get_runner
+    assert "server 0" in plan[0] and "server 1" in plan[1], plan
+    monkeypatch.setattr(equivalence, "MIN_PARTITIONS", 2)
+    for config in configs:
+        expected, _ = equivalence.train_single_device(
+            "partitioned", config, 4 * equivalence.BATCH_PER_WORKER)
+        assert "embedding/part_1" in expected
+        for worker in range(4):
+            saved = np.load(tmp_path / f"{config}.worker{worker}.npz")
+            assert {k[len("var/"):] for k in saved.files if k.startswith("var/")} == set(expected)
+            for name, value in expected.items():
+                np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{config}: {name} on worker {worker}")

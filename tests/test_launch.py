@@ -54,6 +54,8 @@ def test_workers_run_with_prefixed_output():
     assert code == 0, output
     assert "[localhost:worker:0] worker 0 ready" in output
     assert "[localhost:worker:1] worker 1 done" in output
+    # parallax.num_shards_and_shard_id(): tensors of each worker's graph
+    assert "[localhost:worker:1] worker 1 is shard 1 of 2" in output
     # Every worker runs the script's top again, but its lines are the driver's to print.
     assert [line for line in output.splitlines() if "graph built for" in line] == [
         "graph built for ok"]
@@ -142,4 +144,50 @@ def test_a_run_that_failed_and_was_caught_is_not_a_stall():
     code, output = _finish(driver)
     assert code == 0, output
     assert "worker 1 done" in output
+    _assert_nothing_left(token)
+
+
+def test_a_remote_host_that_does_not_resolve_is_named_with_its_line(tmp_path):
+    spec = tmp_path / "hosts"
+    spec.write_text("# the cluster\nnosuchhost.invalid: 0\nother.invalid: 0\n")
+    driver, token = _start("ok", str(spec), "", "dense", "AR")
+    code, output = _finish(driver)
+    assert code != 0
+    assert (f"{spec}, line 2: host 'nosuchhost.invalid' does not resolve (Name or service not "
+            "known); check its spelling, or use its address") in output, output
+    assert "gaierror" not in output  # a ParallaxError, not the socket module's
+    _assert_nothing_left(token)
+
+
+def test_profiled_runs_write_a_chrome_trace_and_their_phases_and_graphs_are_exported(
+        tmp_path):
+    """HYBRID on two loopback machines: the third run of each worker is traced; its phases
+    show the allreduce of the dense variable, the push of the sparse gradient, the servers'
+    work, and worker 1 waiting for the chief's token. Each worker's rewritten graph and the
+    single-device one are written."""
+    profile, exported = tmp_path / "profile", tmp_path / "graphs"
+    driver, token = _start("ok", "127.0.0.1:0;127.0.0.2:0", "", "sparse", "HYBRID",
+                           PARALLAX_TEST_PROFILE=str(profile),
+                           PARALLAX_TEST_EXPORT=str(exported))
+    code, output = _finish(driver, timeout=240)
+    assert code == 0, output
+    for worker in (0, 1):
+        trace = json.loads((profile / f"worker{worker}_step3.json").read_text())
+        assert any(e.get("name") == "HorovodAllreduce" or "Horovod" in str(e.get("args", {}))
+                   for e in trace["traceEvents"])
+    phases = {r["worker"]: r for r in map(json.loads,
+                                          (profile / "phases.jsonl").read_text().splitlines())}
+    assert sorted(phases) == [0, 1] and all(r["step"] == 3 for r in phases.values())
+    for record in phases.values():
+        assert record["allreduce_ms"] > 0 and record["push_ms"] > 0, record
+        assert record["server_ms"] > 0 and record["compute_ms"] > 0, record
+        assert record["pull_ms"] > 0, record  # the rows of the embedding
+        # Each phase is a part of the run (the servers' clocks are this machine's).
+        assert all(v <= record["run_ms"] + 5 for k, v in record.items() if k.endswith("_ms"))
+    assert phases[1]["wait_for_chief_ms"] > 0, phases[1]
+    single = (exported / "single_device.pbtxt").read_text()
+    assert "Horovod" not in single and "parallax_ps" not in single
+    for worker in (0, 1):
+        assert "HorovodAllreduce" in (exported / f"worker{worker}.pbtxt").read_text()
+        assert list((exported / f"worker{worker}").glob("events.out.tfevents.*"))
     _assert_nothing_left(token)

@@ -6,12 +6,19 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from parallax.graph_copy import GraphMap
 from parallax.passes.rewire import record_aggregated
 from parallax.session import ParallaxRunner
 
 
 @pytest.fixture
 def runner():
+    runner = _runner(worker_id=1)
+    yield runner
+    runner.close()
+
+
+def _runner(worker_id):
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
@@ -26,11 +33,10 @@ def runner():
         init = tf.compat.v1.global_variables_initializer()
     session = tf.compat.v1.Session(graph=graph)
     session.run(init)
-    runner = ParallaxRunner(graph, session, num_workers=2, worker_id=1, description="",
-                            training_writes=[train.name])
+    runner = ParallaxRunner(GraphMap(graph, graph), session, num_workers=2, worker_id=worker_id,
+                            description="", training_writes=[train.name])
     runner.tensors = {"x": x, "w": w, "loss": loss, "grad": grad, "train": train}
-    yield runner
-    runner.close()
+    return runner
 
 
 def test_nested_fetches_by_object_and_name(runner):
@@ -80,3 +86,36 @@ def test_fetch_not_in_graph_is_named(runner):
         runner.run({"a": stranger})
     with pytest.raises(parallax.ParallaxError, match="feed key 'nope:0' is not in the graph"):
         runner.run("loss:0", feed_dict={"nope:0": 1.0})
+
+
+def test_a_saver_saves_through_the_chief_only_and_restores_on_every_worker(runner, tmp_path):
+    chief = _runner(worker_id=0)
+    t = chief.tensors
+    with chief.graph.as_default():
+        chief_saver = tf.compat.v1.train.Saver()
+    with runner.graph.as_default():
+        saver = tf.compat.v1.train.Saver()
+    # The other worker's save returns the path and writes no checkpoint data...
+    assert saver.save(runner, str(tmp_path / "model"), global_step=1) == str(
+        tmp_path / "model-1")
+    assert not list(tmp_path.glob("model-1.data*"))
+    # ...the chief's writes it, and every worker restores it.
+    chief.run(t["train"], {t["x"]: [1.0, 2.0]})
+    path = chief_saver.save(chief, str(tmp_path / "model"), global_step=1)
+    assert list(tmp_path.glob("model-1.data*"))
+    saver.restore(runner, path)
+    np.testing.assert_allclose(runner.run(runner.tensors["w"]), [0.7, 0.4])
+    chief.close()
+
+
+def test_eval_and_run_use_the_runner_as_the_default_session(runner):
+    t = runner.tensors
+    assert isinstance(runner, tf.compat.v1.Session.__mro__[2])  # SessionInterface
+    with runner.as_default():
+        assert tf.compat.v1.get_default_session() is runner
+        assert t["loss"].eval(feed_dict={t["x"]: [1.0, 2.0]}) == 3.0
+        t["train"].run(feed_dict={t["x"]: [1.0, 2.0]})
+        np.testing.assert_allclose(t["w"].eval(), [0.7, 0.4])  # the aggregate was applied
+    assert tf.compat.v1.get_default_session() is None
+    with pytest.raises(parallax.ParallaxError, match="partial runs are not supported"):
+        runner.partial_run_setup([t["loss"]])

@@ -29,6 +29,7 @@ CONFIGS = [f"{opt}{'+clip' if clip else ''}"
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
 ID_RANGE = VOCAB // 2  # ids drawn below it (set_dense_ids: every row in every batch)
 STEPS, BATCH_PER_WORKER = 20, 4
+MIN_PARTITIONS = 1  # of the 'partitioned' model's embedding (parallax.get_partitioner)
 MAX_WORKERS = 4
 NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * MAX_WORKERS
 
@@ -52,6 +53,17 @@ def set_dense_ids():
 
 def _initial(shape, seed):
     return tf.constant_initializer(np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5)
+
+
+def _sliced_initial(shape, seed):
+    """The rows of one value that a shard of a partitioned variable holds: the variable starts
+    the same in any number of shards."""
+    value = np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5
+
+    def initial(shape, dtype=None, partition_info=None):
+        offset = partition_info.var_offset[0] if partition_info is not None else 0
+        return tf.constant(value[offset:offset + shape[0]], dtype=dtype)
+    return initial
 
 
 def _keras_logits(features):
@@ -91,6 +103,13 @@ def build(model, config, batch, shard, loss_scale=1.0):
             embedding = tf.compat.v1.get_variable(
                 "embedding", [VOCAB, EMBED], initializer=_initial([VOCAB, EMBED], 1))
             looked_up = tf.nn.embedding_lookup(embedding, inputs["ids"])
+        elif model == "partitioned":
+            embedding = tf.compat.v1.get_variable(
+                "embedding", [VOCAB, EMBED], initializer=_sliced_initial([VOCAB, EMBED], 1),
+                partitioner=parallax.get_partitioner(MIN_PARTITIONS))
+            looked_up = tf.compat.v1.nn.embedding_lookup(embedding, inputs["ids"],
+                                                         partition_strategy="div")
+        if model in ("sparse", "lstm", "partitioned"):
             summary = _lstm(looked_up) if model == "lstm" else tf.reduce_mean(looked_up, axis=1)
             features = tf.concat([features, summary], axis=1)
         if model == "keras":
@@ -150,7 +169,7 @@ def train_single_device(model, config, batch, loss_scale=1.0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["dense", "sparse", "keras", "lstm"], required=True)
+    parser.add_argument("--model", choices=["dense", "sparse", "keras", "lstm", "partitioned"], required=True)
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
@@ -158,6 +177,8 @@ def main():
     parser.add_argument("--sum", action="store_true",
                         help="aggregate gradients as the sum over workers, not the mean")
     parser.add_argument("--dense-ids", action="store_true", help="see set_dense_ids")
+    parser.add_argument("--search-partitions", action="store_true",
+                        help="Config.search_partitions (the 'partitioned' model's shards)")
     parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off")
@@ -167,6 +188,7 @@ def main():
     tf.compat.v1.disable_eager_execution()
     config_of_job = parallax.Config(
         run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
+        search_partitions=args.search_partitions,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)

@@ -5,7 +5,8 @@
           diverge (worker 1 stops taking steps, the others wait for it in theirs) |
           caught-error (a run fails, the script catches it and goes on after a pause)
 PARALLAX_TEST_HEARTBEAT_SECS, PARALLAX_TEST_STALL_SECS and PARALLAX_TEST_METRICS set
-Config.heartbeat_timeout_secs, stall_timeout_secs and metrics_file.
+Config.heartbeat_timeout_secs, stall_timeout_secs and metrics_file; PARALLAX_TEST_PROFILE a
+profile_dir where both workers' third run is profiled; PARALLAX_TEST_EXPORT export_graph_path.
 """
 import os
 import sys
@@ -28,6 +29,7 @@ graph = tf.Graph()
 with graph.as_default():
     w = tf.compat.v1.get_variable("w", [4], initializer=tf.compat.v1.ones_initializer())
     loss = tf.reduce_sum(tf.square(w))
+    num_shards, shard_id = parallax.num_shards_and_shard_id()
     if with_sparse:
         embedding = tf.compat.v1.get_variable("embedding", [10, 4])
         loss += tf.reduce_sum(tf.nn.embedding_lookup(embedding, [1, 2]) * w)
@@ -35,10 +37,16 @@ with graph.as_default():
     fails_when_run = tf.debugging.check_numerics(tf.math.log(-w[0]), "log of a negative")
 
 print(f"graph built for {mode}", flush=True)
+profile_dir = os.environ.get("PARALLAX_TEST_PROFILE")
 runner = parallax.get_runner(graph, resources, parallax.Config(
     redirect_path=redirect_path, run_option=run_option, heartbeat_timeout_secs=heartbeat,
-    stall_timeout_secs=stall, metrics_file=os.environ.get("PARALLAX_TEST_METRICS")))
+    stall_timeout_secs=stall, metrics_file=os.environ.get("PARALLAX_TEST_METRICS"),
+    profile_config=parallax.ProfileConfig(profile_dir, profile_steps=[3], profile_workers=[0, 1])
+    if profile_dir else None, export_graph_path=os.environ.get("PARALLAX_TEST_EXPORT")))
 print(f"worker {runner.worker_id} ready", flush=True)
+if mode == "ok":
+    print(f"worker {runner.worker_id} is shard {runner.run(shard_id)} of "
+          f"{runner.run(num_shards)}", flush=True)
 if mode == "fail-worker-1" and runner.worker_id == 1:
     raise RuntimeError("boom from worker 1")
 if mode == "bad-fetch":

@@ -1,0 +1,86 @@
+"""The user's graph stays the single-device graph they built: the passes rewrite a copy, and the
+runner finds the user's tensors and ops in that copy by name. Ops the user builds after
+get_runner (an initializer, a Saver, an evaluation) are copied over when first run.
+
+Leaving the user's graph alone is what makes a FileWriter, a Saver's meta graph and
+export_meta_graph show and store the single-device graph, which loads without Horovod.
+"""
+from __future__ import annotations
+
+from typing import Dict, Union
+
+import tensorflow as tf
+# import_meta_graph would also add a Saver of every variable to the copy: this is its import alone.
+from tensorflow.python.framework.meta_graph import import_scoped_meta_graph
+
+Element = Union[tf.Tensor, tf.Operation]
+
+
+def copy_graph(graph: tf.Graph) -> tf.Graph:
+    """A new graph with the same ops (names, devices) and collections, through a MetaGraphDef:
+    variables, queue runners, savers and control-flow contexts come back as Python objects."""
+    meta_graph = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
+    copy = tf.Graph()
+    import_scoped_meta_graph(meta_graph, graph=copy, clear_devices=False)
+    copy.seed = graph.seed
+    return copy
+
+
+class GraphMap:
+    """Finds an element of the user's graph in the copy a worker runs (`copy`, rewritten by
+    the passes after copy_graph). The passes keep every op of the user's graph under its name;
+    an op the user built later is imported into the copy with what it depends on mapped to
+    the copy's ops (TensorFlow renames it if a pass took its name: the map remembers)."""
+
+    def __init__(self, user: tf.Graph, copy: tf.Graph):
+        self.user = user
+        self.copy = copy
+        self._ops: Dict[str, tf.Operation] = {}  # user's op name -> copied op, built later
+        self._known = {op.name for op in user.get_operations()}  # in the copy by their name
+
+    def find(self, element: Element) -> Element:
+        if element.graph is self.copy:
+            return element
+        if isinstance(element, tf.Operation):
+            return self._op(element.name)
+        return self._op(element.op.name).outputs[element.value_index]
+
+    def _op(self, name: str) -> tf.Operation:
+        if name in self._known:
+            return self.copy.get_operation_by_name(name)
+        if name not in self._ops:
+            self._copy_new_ops()
+        return self._ops[name]
+
+    def _copy_new_ops(self) -> None:
+        """Import every op of the user's graph the copy has not seen yet, at once. Their inputs
+        from ops it has are mapped to those; control inputs are added after the import, as
+        TensorFlow's import can only map those to ops with outputs."""
+        user_def = self.user.as_graph_def()
+        new = [node for node in user_def.node
+               if node.name not in self._known and node.name not in self._ops]
+        names = {node.name for node in new}
+        input_map, controls = {}, {}
+        graph_def = tf.compat.v1.GraphDef(library=user_def.library, versions=user_def.versions)
+        for node in new:
+            copied = graph_def.node.add()
+            copied.CopyFrom(node)
+            del copied.input[:]
+            for source in node.input:
+                producer = source.lstrip("^").split(":")[0]
+                if producer in names:
+                    copied.input.append(source)
+                elif source.startswith("^"):
+                    controls.setdefault(node.name, []).append(self._op(producer))
+                else:
+                    copied.input.append(source)
+                    tensor = source if ":" in source else source + ":0"
+                    index = int(tensor.split(":")[1])
+                    input_map[tensor] = self._op(producer).outputs[index]
+        with self.copy.as_default():
+            imported = tf.graph_util.import_graph_def(
+                graph_def, input_map=input_map, return_elements=[n.name for n in new], name="")
+        for node, op in zip(new, imported):
+            self._ops[node.name] = op
+            if node.name in controls:
+                op._add_control_inputs(controls[node.name])  # pylint: disable=protected-access

@@ -1,0 +1,117 @@
+"""The passes rewrite a copy of the user's graph: the user's graph object stays the
+single-device graph (for TensorBoard, meta graphs and Savers), and the runner finds its elements
+in the copy, including ops built after get_runner."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import WORKLOADS, run_job
+from parallax.graph_copy import GraphMap, copy_graph
+
+
+def _user_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        loss = tf.reduce_sum(w * x, name="loss")
+        queue = tf.queue.FIFOQueue(4, tf.float32)
+        tf.compat.v1.train.add_queue_runner(
+            tf.compat.v1.train.QueueRunner(queue, [queue.enqueue([1.0])]))
+    return graph, x, w, loss
+
+
+def test_the_copy_has_the_ops_and_collections_and_nothing_else():
+    graph, _, _, _ = _user_graph()
+    copy = copy_graph(graph)
+    assert [op.name for op in copy.get_operations()] == [
+        op.name for op in graph.get_operations()]
+    assert [op.device for op in copy.get_operations()] == [
+        op.device for op in graph.get_operations()]
+    assert [v.op.name for v in copy.get_collection("variables")] == ["w"]
+    assert len(copy.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS)) == 1
+
+
+def test_ops_built_later_are_copied_with_their_inputs_and_control_inputs(tmp_path):
+    graph, x, w, loss = _user_graph()
+    copy = copy_graph(graph)
+    with copy.as_default():  # a pass's op, taking the name the user's next identity gets
+        tf.identity(copy.get_tensor_by_name("loss:0"), name="Identity")
+    graphs = GraphMap(graph, copy)
+    with graph.as_default():
+        doubled = tf.identity(loss * 2, name="Identity")
+        branch = tf.cond(loss > 0, lambda: loss + 1, lambda: loss - 1)  # a new function
+        with tf.control_dependencies([w.initializer]):
+            after_init = tf.identity(loss, name="after_init")
+        init = tf.compat.v1.global_variables_initializer()
+        saver = tf.compat.v1.train.Saver()
+    session = tf.compat.v1.Session(graph=copy)
+    session.run(graphs.find(init))
+    found = graphs.find(doubled)
+    assert found.graph is copy and found.name == "Identity_1:0"  # renamed: the pass had it
+    assert session.run([found, graphs.find(branch)], {graphs.find(x): [1.0, 2.0]}) == [6.0, 4.0]
+    assert graphs.find(after_init).op.control_inputs == [
+        copy.get_operation_by_name(w.initializer.name)]
+    path = str(tmp_path / "ckpt")
+    save = graphs.find(graph.get_tensor_by_name(saver.saver_def.save_tensor_name))
+    filename = graphs.find(graph.get_tensor_by_name(saver.saver_def.filename_tensor_name))
+    assert session.run(save, {filename: path}) == path.encode()
+    assert graphs.find(loss) is copy.get_tensor_by_name("loss:0")
+
+
+# Loads what the job wrote in a process that has TensorFlow and not Horovod or Parallax.
+_LOAD = """
+import glob, json, os, sys
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+out = sys.argv[1]
+found = {}
+for name in ("model-5.meta", "later.meta", "exported.meta"):
+    graph = tf.Graph()
+    with graph.as_default():
+        saver = tf.compat.v1.train.import_meta_graph(os.path.join(out, name))
+        with tf.compat.v1.Session(graph=graph) as session:
+            saver.restore(session, os.path.join(out, name[:-len(".meta")]) if name != "exported.meta"
+                          else os.path.join(out, "model-5"))
+            variables = tf.compat.v1.global_variables()
+            found[name] = {"ops": [op.name for op in graph.get_operations()],
+                           "types": sorted({op.type for op in graph.get_operations()}),
+                           "values": {v.op.name: session.run(v).tolist() for v in variables}}
+for folder in ("events", "runner_events"):
+    (events,) = glob.glob(os.path.join(out, folder, "events.out.tfevents.*"))
+    for event in tf.compat.v1.train.summary_iterator(events):
+        if event.graph_def:
+            graph_def = tf.compat.v1.GraphDef.FromString(event.graph_def)
+            found[folder] = {"ops": [n.name for n in graph_def.node],
+                             "types": sorted({n.op for n in graph_def.node})}
+print(json.dumps(found))
+"""
+
+
+def test_files_a_script_writes_hold_the_single_device_graph(tmp_path):
+    """HYBRID on two machines (Horovod's allreduce and parameter servers in the graph that
+    runs): the FileWriter's graph, the Savers' meta graphs (one Saver built after
+    get_runner) and export_meta_graph hold the user's graph, which loads and restores where
+    neither Horovod nor Parallax is imported; the checkpoint holds what the workers trained."""
+    result = run_job(os.path.join(WORKLOADS, "user_files.py"), "127.0.0.1:0;127.0.0.2:0",
+                     "HYBRID", str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "skipped: Parallax initializes the variables" in result.stdout
+    loaded = subprocess.run([sys.executable, "-c", _LOAD, str(tmp_path)], capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    found = json.loads(loaded.stdout.splitlines()[-1])
+    trained = np.load(tmp_path / "values.npz")
+    for name, what in found.items():
+        assert not [t for t in what["types"] if "Horovod" in t], name
+        assert not [op for op in what["ops"] if op.startswith("parallax")], name
+        assert any(op.startswith("embedding_norm") for op in what["ops"]), name  # built later
+        for variable, value in what.get("values", {}).items():
+            np.testing.assert_allclose(value, trained[variable], rtol=1e-6,
+                                       err_msg=f"{name}: {variable}")
+    assert found["events"]["ops"] == found["runner_events"]["ops"]
+    assert "w/Adam" in found["model-5.meta"]["values"]
