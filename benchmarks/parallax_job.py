@@ -2,10 +2,11 @@
 single-device graph, `parallax.shard` on the input, `get_runner`, a loop of `runner.run`.
 
     python benchmarks/parallax_job.py --workload lm --resources FILE --run-option HYBRID \
-        --out DIR [--ps-off local_aggregation ...]
+        --out DIR [--ps-off local_aggregation ...] [--asynchronous] [--straggler-ms 300]
 """
 import argparse
 import dataclasses
+import time
 
 import parallax  # before the graph is built: it records the gradients
 import tensorflow as tf
@@ -22,6 +23,10 @@ def main():
     parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off (the Table 4 ablation)")
+    parser.add_argument("--asynchronous", action="store_true", help="Config(sync=False)")
+    parser.add_argument("--straggler-ms", type=float, default=0,
+                        help="the last worker sleeps this long in each of its steps")
+    parser.add_argument("--profile-dir", help="profile the chief's last warm-up step there")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
     workload = WORKLOADS[args.workload]
@@ -31,13 +36,25 @@ def main():
         global_step = tf.compat.v1.train.get_or_create_global_step()
         train_op = workload.minimize(loss, workload.make_optimizer(), global_step)
     config = parallax.Config(run_option=args.run_option, sess_config=session_config(),
-                             ps_config=parallax.PSConfig(**{o: False for o in args.ps_off}))
+                             ps_config=parallax.PSConfig(**{o: False for o in args.ps_off}),
+                             sync=not args.asynchronous,
+                             profile_config=parallax.ProfileConfig(
+                                 args.profile_dir, profile_steps=[max(args.warmup, 1)],
+                                 profile_workers=[0]) if args.profile_dir else None)
     runner = parallax.get_runner(graph, args.resources, config)
-    meter.measure(lambda: runner.run(train_op), args.out, runner.is_chief, args.warmup,
-                  args.window, args.windows, system="parallax", workers=runner.num_workers,
-                  run_option=args.run_option, ps_off=args.ps_off,
-                  placement=meter.placement(runner.graph), sync=runner.synchronization,
-                  **workload.details(runner.num_workers))
+    straggler = args.straggler_ms / 1000 if runner.worker_id == runner.num_workers - 1 else 0
+
+    def step():
+        time.sleep(straggler)
+        runner.run(train_op)
+    # An asynchronous worker's step trains its own batch only: the job's throughput is the
+    # sum of its workers' (report.py).
+    details = workload.details(1 if args.asynchronous else runner.num_workers)
+    meter.measure(step, args.out, runner.is_chief, args.warmup, args.window, args.windows,
+                  system="parallax", workers=runner.num_workers, run_option=args.run_option,
+                  ps_off=args.ps_off, placement=meter.placement(runner.transformed_graph),
+                  sync=runner.synchronization, asynchronous=args.asynchronous,
+                  straggler_ms=args.straggler_ms, **details)
 
 
 if __name__ == "__main__":

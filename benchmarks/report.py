@@ -23,6 +23,8 @@ SYSTEM_LABELS = {
     "horovod": "Horovod",
     "horovod-sparse-as-dense": "Horovod sparse_as_dense",
     "tf-ps": "TF-PS (SyncReplicas)",
+    "parallax-ps-straggler": "Parallax PS, a straggler",
+    "parallax-ps-async-straggler": "Parallax PS async, a straggler",
     "ablation-ps-base": "PS, no optimizations (BASE)",
     "ablation+hybrid": "+HYBRID",
     "ablation+local-aggregation": "+local aggregation",
@@ -78,10 +80,15 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
         return row
     chief = _chief(result)
     steps = chief["window_steps"]
-    row.update(unit=chief["unit"], throughput=_median_throughput(chief),
+    # Asynchronous workers step on their own: the job trains what all of them do.
+    throughput = (sum(map(_median_throughput, result["records"]))
+                  if chief.get("asynchronous") else _median_throughput(chief))
+    row.update(unit=chief["unit"], throughput=throughput, straggler_ms=chief.get("straggler_ms"),
                step_ms=1000 * statistics.median(chief["window_seconds"]) / steps)
     if result["system"] == "single":
         return row
+    if result.get("phases"):
+        row["phases"] = result["phases"][0]  # the chief's profiled step
     if single:
         row["speedup"] = row["throughput"] / _median_throughput(_chief(single))
     measured = {}
@@ -92,7 +99,9 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
             measured[record["host"]] = {d: (after[f"{d}_bytes"] - before[f"{d}_bytes"])
                                         / total_steps for d in ("tx", "rx")}
     row["measured"] = [measured[h] for h in sorted(measured)]
-    if single:
+    # Table 3 and the cost model describe synchronous steps of equal workers: not a
+    # straggler's job, nor an asynchronous one (whose chief's steps are its own).
+    if single and not chief.get("straggler_ms") and not chief.get("asynchronous"):
         variables = _chief(single)["variables"]
         parallax = chief["system"] == "parallax"
         row["analytic"] = [analytic.on_the_wire(link) for link in analytic.host_bytes(
@@ -179,7 +188,7 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]
             lines.append(f"- (b) lm: Parallax HYBRID / best of Horovod and TF-PS = "
                          f"{hybrid / best:.2f} (target >= 2): "
                          f"{'met' if hybrid >= 2 * best else 'NOT met'}")
-        measured = [r for r in rows["lm"] if "link_bound_ratio" in r]
+        measured = [r for r in rows["lm"] if "link_bound_ratio" in r and not r["straggler_ms"]]
         single = next((r for r in rows["lm"] if r["system"] == "single" and not r["error"]), None)
         if measured and single:
             slowest = max(measured, key=lambda r: r["step_ms"])
@@ -188,6 +197,15 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]
                          f"step) has its busiest link busy {slowest['link_bound_ratio']:.0%} of "
                          f"the step (target >= 50%); one worker computes a step in "
                          f"{single['step_ms']:.0f} ms")
+        synchronous, asynchronous = (_throughput(rows["lm"], s) for s in (
+            "parallax-ps-straggler", "parallax-ps-async-straggler"))
+        if synchronous and asynchronous:
+            delay = next(r["straggler_ms"] for r in rows["lm"]
+                         if r["system"] == "parallax-ps-straggler")
+            ratio = asynchronous / synchronous
+            lines.append(f"- lm with a straggler (the last worker {delay:.0f} ms slower a "
+                         f"step): PS asynchronous / synchronous = {ratio:.2f} (async should "
+                         f"win): {'met' if ratio > 1 else 'NOT met'}")
     if "cnn" in rows:
         hybrid, horovod = (_throughput(rows["cnn"], s) for s in ("parallax-hybrid", "horovod"))
         if hybrid and horovod:
@@ -213,13 +231,25 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict]) -> List[str]
                      f"measured one: {within} of {len(errors)} jobs, mean accuracy "
                      f"{100 * mean_accuracy:.1f}% (ParaDL: 86.74%); worst "
                      f"{100 * worst[2]:+.0f}% ({SYSTEM_LABELS.get(worst[1], worst[1])} on "
-                     f"{worst[0]})")
+                     f"{worst[0]}); every job in prediction.png")
     if transform:
         slowest = max(transform["seconds"].values())
         lines.append(f"- transforming {transform['model']} ({transform['ops']} ops, "
                      f"{transform['variables']} variables): "
                      + ", ".join(f"{k} {v:.2f} s" for k, v in transform["seconds"].items())
                      + f" (target < 3 s): {'met' if slowest < 3 else 'NOT met'}")
+    return lines
+
+
+def _phase_table(rows: List[dict]) -> List[str]:
+    phases = ["input", "pull", "push", "server", "allreduce", "wait_for_chief", "compute"]
+    lines = ["| system | traced step (ms) | " + " | ".join(phases) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in phases) + " |"]
+    for row in rows:
+        record = row["phases"]
+        lines.append(f"| {SYSTEM_LABELS.get(row['system'], row['system'])} | "
+                     f"{record['run_ms']:.0f} | "
+                     + " | ".join(f"{record[p + '_ms']:.0f}" for p in phases) + " |")
     return lines
 
 
@@ -245,6 +275,12 @@ def write(summary: dict, out: str) -> None:
             lines.append("")
         main = [r for r in workload_rows if not r["system"].startswith("ablation")]
         lines += _table(main) + [""]
+        profiled = [r for r in main if "phases" in r]
+        if profiled:
+            lines += [f"Where the chief's step goes ({workload}; its last warm-up step, traced: "
+                      "the time during which some op of each phase ran, phases overlapping "
+                      "as the runtime overlaps them; parallax/profile.py):", ""]
+            lines += _phase_table(profiled) + [""]
         ablation = [r for s in ABLATION_ORDER for r in workload_rows if r["system"] == s]
         if len(ablation) > 1:
             lines += [f"Table 4 ablation ({workload}):", ""] + _table(ablation) + [""]
@@ -285,6 +321,41 @@ def _plots(rows: Dict[str, List[dict]], out: str) -> None:
         figure.tight_layout()
         figure.savefig(os.path.join(out, f"{workload}.png"), dpi=110)
         plt.close(figure)
+    _prediction_plot(plt, rows, out)
+
+
+def _prediction_plot(plt, rows: Dict[str, List[dict]], out: str) -> None:
+    """prediction.png: the cost model's step time against the measured one, every job."""
+    jobs = [(workload, r) for workload, rs in rows.items() for r in rs
+            if "predicted_ms" in r and not r["system"].startswith("ablation")]
+    if not jobs:
+        return
+    figure, axes = plt.subplots(figsize=(7, 6))
+    styles = {workload: (marker, f"C{index}")
+              for index, (workload, marker) in enumerate(zip(rows, "osD^vP*X"))}
+    for workload, row in jobs:
+        marker, color = styles[workload]
+        axes.scatter(row["step_ms"], row["predicted_ms"], marker=marker, color=color,
+                     label=workload)
+        axes.annotate(SYSTEM_LABELS.get(row["system"], row["system"]),
+                      (row["step_ms"], row["predicted_ms"]), fontsize=7,
+                      xytext=(4, 2), textcoords="offset points")
+    low = min(min(r["step_ms"], r["predicted_ms"]) for _, r in jobs) / 1.5
+    high = max(max(r["step_ms"], r["predicted_ms"]) for _, r in jobs) * 1.5
+    axes.plot([low, high], [low, high], color="black", linewidth=0.8)
+    axes.fill_between([low, high], [0.85 * low, 0.85 * high], [1.15 * low, 1.15 * high],
+                      color="gray", alpha=0.2, label="within 15%")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("measured step (ms)")
+    axes.set_ylabel("predicted step (ms): compute + busiest link, no overlap")
+    axes.set_title("Cost model: predicted against measured step time")
+    handles, labels = axes.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    axes.legend(unique.values(), unique.keys())
+    figure.tight_layout()
+    figure.savefig(os.path.join(out, "prediction.png"), dpi=110)
+    plt.close(figure)
 
 
 def main():

@@ -5,6 +5,7 @@ virtualenv, one job after another on the same hosts.
 
     python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit]
                              [--workloads cnn lm nmt] [--systems ...] [--no-ablation]
+                             [--no-straggler]
                              [--out benchmarks/results]
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Setup:
                          connect_timeout=5)
 
 
-def _parallax(run_option, ps_off=()):
+def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0):
     def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
         resources = ";".join(
             f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
@@ -62,6 +63,11 @@ def _parallax(run_option, ps_off=()):
                 *setup.measure_args]
         if ps_off:
             argv += ["--ps-off", *ps_off]
+        if asynchronous:
+            argv.append("--asynchronous")
+        if straggler_ms:
+            argv += ["--straggler-ms", str(straggler_ms)]
+        argv += ["--profile-dir", os.path.join(out, "profile")]  # where its step's time goes
         env = {"PARALLAX_SSH_OPTIONS": f"-F {os.path.join(setup.state, 'ssh_config')}"}
         return [ProcessSpec("parallax", argv, env, cwd=REPO)]
     return specs
@@ -124,6 +130,12 @@ ABLATION = {  # Table 4, cumulative; the last stage is parallax-hybrid itself
     "ablation+post-aggregation-placement": _parallax("HYBRID", PS_OFF_ALL[2:]),
 }
 ABLATION_WORKLOADS = ("lm", "nmt")
+STRAGGLER_MS = 300  # the last worker's extra time in each of its steps
+STRAGGLER = {  # issue 12: where asynchronous training pays, one worker much slower
+    "parallax-ps-straggler": _parallax("PS", straggler_ms=STRAGGLER_MS),
+    "parallax-ps-async-straggler": _parallax("PS", asynchronous=True, straggler_ms=STRAGGLER_MS),
+}
+STRAGGLER_WORKLOADS = ("lm",)
 
 
 def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
@@ -152,7 +164,10 @@ def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
         error = f"no record from the chief or from some host ({len(records)} records)"
     print(f"[bench] {workload:4s} {name}: {'failed: ' + error if error else 'done'} "
           f"({time.monotonic() - started:.0f} s; log {raw}/log.txt)", flush=True)
-    return {"system": name, "workload": workload, "error": error, "records": records}
+    phases = os.path.join(raw, "profile", "phases.jsonl")
+    return {"system": name, "workload": workload, "error": error, "records": records,
+            "phases": [json.loads(line) for line in open(phases)]
+            if os.path.exists(phases) else []}
 
 
 def _stop_leftovers(setup: Setup) -> None:
@@ -203,6 +218,8 @@ def main():
                         choices=["cnn", "lm", "nmt", "tags"])
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=list(SYSTEMS))
     parser.add_argument("--no-ablation", action="store_true")
+    parser.add_argument("--no-straggler", action="store_true",
+                        help="leave out the straggler rows (PS, synchronous and not)")
     parser.add_argument("--out", default=os.path.join(BENCH, "results"))
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--window", type=int, default=10)
@@ -228,6 +245,8 @@ def main():
             jobs = {name: SYSTEMS[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:
                 jobs.update(ABLATION)
+            if not args.no_straggler and workload in STRAGGLER_WORKLOADS:
+                jobs.update(STRAGGLER)
             for name, specs_fn in jobs.items():
                 results.append(run_job(name, specs_fn, setup, workload, args.out, args.timeout))
     finally:

@@ -71,6 +71,7 @@ def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
         assert label in text
     assert "failed" not in text, text
     assert (tmp_path / "lm.png").stat().st_size > 0
+    assert (tmp_path / "prediction.png").stat().st_size > 0  # predicted against measured
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True,
                               text=True).stdout.strip()
     assert "pxv" not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
