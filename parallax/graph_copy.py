@@ -20,10 +20,26 @@ def copy_graph(graph: tf.Graph) -> tf.Graph:
     """A new graph with the same ops (names, devices) and collections, through a MetaGraphDef:
     variables, queue runners, savers and control-flow contexts come back as Python objects."""
     meta_graph = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
+    _drop_function_ops_from_collections(meta_graph)
     copy = tf.Graph()
     import_scoped_meta_graph(meta_graph, graph=copy, clear_devices=False)
     copy.seed = graph.seed
     return copy
+
+
+def _drop_function_ops_from_collections(meta_graph) -> None:
+    """An op built inside a function (a tf.cond branch under control flow v2, e.g. the
+    optimizer's op that apply_gradients puts in the train_op collection) is listed in the
+    outer graph's collections but is not one of its nodes, so TensorFlow cannot import the
+    collection. It stays in the function, which the copy has; only the listing goes."""
+    nodes = {node.name for node in meta_graph.graph_def.node}
+    for collection in meta_graph.collection_def.values():
+        if collection.WhichOneof("kind") != "node_list":
+            continue
+        kept = [name for name in collection.node_list.value
+                if name.lstrip("^").split(":")[0] in nodes]
+        del collection.node_list.value[:]
+        collection.node_list.value.extend(kept)
 
 
 class GraphMap:

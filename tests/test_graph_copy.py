@@ -36,6 +36,34 @@ def test_the_copy_has_the_ops_and_collections_and_nothing_else():
     assert len(copy.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS)) == 1
 
 
+def test_a_graph_with_updates_inside_tf_cond_is_copied_and_trains_the_same():
+    """apply_gradients in a tf.cond branch (control flow v2) lists its op, which lives in the
+    branch's function, in the outer graph's train_op collection: TensorFlow's own import of
+    that meta graph fails on it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        step = tf.compat.v1.train.get_or_create_global_step()
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+        grads_and_vars = optimizer.compute_gradients(tf.reduce_sum(w * w))
+        applied = tf.cond(tf.equal(step % 2, 0),
+                          lambda: tf.group(optimizer.apply_gradients(grads_and_vars)), tf.no_op)
+        with tf.control_dependencies([applied]):
+            train_op = step.assign_add(1)
+        current = w.read_value()
+        init = tf.compat.v1.global_variables_initializer()
+    copy = copy_graph(graph)
+    values = []
+    for g in (graph, copy):
+        with tf.compat.v1.Session(graph=g) as session:
+            session.run(g.get_operation_by_name(init.name))
+            for _ in range(3):
+                session.run(g.as_graph_element(train_op.name))
+            values.append(session.run(g.get_tensor_by_name(current.name)))
+    np.testing.assert_array_equal(values[1], values[0])
+    np.testing.assert_array_equal(values[0], [0.0, 0.0])  # updated at steps 0 and 2
+
+
 def test_ops_built_later_are_copied_with_their_inputs_and_control_inputs(tmp_path):
     graph, x, w, loss = _user_graph()
     copy = copy_graph(graph)
