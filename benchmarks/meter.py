@@ -27,20 +27,23 @@ def interface_counters() -> Dict[str, Dict[str, int]]:
 def measure(run_step: Callable[[], None], out_dir: str, is_chief: bool, warmup: int,
             window: int, windows: int, **details) -> None:
     """Run warm-up steps, then `windows` windows of `window` steps; this worker's record
-    (seconds per window, counters before and after them) is written to `out_dir` after each
-    window, so a worker stopped at the end of a job (TF-PS workers one step behind a chief that
-    has finished, say) still reports the windows it completed."""
+    (seconds and the process's CPU seconds per window, counters before and after them) is
+    written to `out_dir` after each window, so a worker stopped at the end of a job (TF-PS
+    workers one step behind a chief that has finished, say) still reports the windows it
+    completed."""
     for _ in range(warmup):
         run_step()
     record = dict(details, host=socket.gethostname(), pid=os.getpid(), is_chief=is_chief,
-                  window_steps=window, window_seconds=[], counters_before=interface_counters())
+                  window_steps=window, window_seconds=[], window_cpu_seconds=[],
+                  counters_before=interface_counters())
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{record['host']}-{record['pid']}.json")
     for _ in range(windows):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(window):
             run_step()
         record["window_seconds"].append(time.perf_counter() - start)
+        record["window_cpu_seconds"].append(time.process_time() - cpu_start)
         record["counters_after"] = interface_counters()
         with open(path + ".tmp", "w") as out:
             json.dump(record, out)

@@ -82,9 +82,9 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     if launch.role() == "driver":
         decision = None
         if _decides(config):
-            shape, links = launch.probe_cluster(resources, config)
+            shape, links, within = launch.probe_cluster(resources, config)
             decision = decide(graph, analysis, shape, cost.Links(**links) if links else None,
-                              config.run_option, config.search_partitions)
+                              config.run_option, config.search_partitions, within)
         validate(analysis, config, decision)
         run_option = effective_run_option(config.run_option, analysis, decision)
         launch.run_driver(resources, config, run_option,

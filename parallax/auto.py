@@ -35,7 +35,8 @@ class Decision:
     methods: Dict[str, dict]  # variable -> {"how": cost.ALLREDUCE/ALLGATHER/PS, "server": int}
     stats: Dict[str, dict]  # variable -> cost.VariableStats fields, as measured
     note: str  # how it was decided
-    compute: Optional[float] = None  # seconds of one worker's step alone, as measured
+    # Seconds of a worker's compute, its machine's cores shared (cost.shared_compute)
+    compute: Optional[float] = None
     links: Optional[dict] = None  # cost.Links fields the decision assumed
     step: Optional[float] = None  # seconds of a step of the chosen plan, as predicted
     # With search_partitions: [call, variable, shards] for each call of get_partitioner
@@ -62,8 +63,11 @@ class Decision:
 
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
            links: Optional[cost.Links] = None, run_option: str = "AUTO",
-           search_partitions: bool = False) -> Decision:
-    """`links`: as measured between two machines (runner.link_probe); None: assumed. Under
+           search_partitions: bool = False,
+           within_machine: Optional[dict] = None) -> Decision:
+    """`links`: as measured between two machines (runner.link_probe); None: assumed.
+    `within_machine`: the link probe's figures within one machine, for the record (the model
+    prices the links between machines only). Under
     another run option than AUTO the methods are its rule's, and only the servers, and with
     `search_partitions` the shards of parallax.get_partitioner's variables, are chosen."""
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
@@ -92,16 +96,26 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     chosen, stats = _split_shards(chosen, merged, groups)
     methods = {name: {"how": method.how, "server": method.servers[0] if method.servers
                       else None} for name, method in chosen.items()}
-    compute, compute_problem = measure_compute(graph, analysis)
+    timed, compute_problem = measure_compute(graph, analysis)
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
             f"links {'measured' if measured else 'assumed'}: "
             f"{links.bandwidth * 8 / 1e6:.4g} Mbit/s, {links.latency * 1e6:.3g} us")
+    if within_machine:
+        note += (f" (within a machine {within_machine['bandwidth'] * 8 / 1e6:.4g} Mbit/s, "
+                 f"{within_machine['latency'] * 1e6:.3g} us, not priced)")
     if partitions:
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)
+    compute = None
+    if timed:
+        alone, cpu = timed
+        cores = os.cpu_count() or 1  # the workers' machines taken to be like this one
+        compute = cost.shared_compute(alone, cpu, shape.workers_per_machine, cores)
+        note += (f"; one worker's step alone {1000 * alone:.0f} ms ({1000 * cpu:.0f} ms of CPU)"
+                 f", {shape.workers_per_machine} sharing {cores} cores {1000 * compute:.0f} ms")
+    else:
+        note += f"; compute not measured ({compute_problem})"
     step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0)
-    note += (f"; one worker's step alone {1000 * compute:.0f} ms" if compute is not None
-             else f"; compute not measured ({compute_problem})")
     note += f"; predicted step {1000 * step:.0f} ms"
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, dataclasses.asdict(links), step, partitions)
@@ -146,27 +160,29 @@ def _split_shards(chosen, merged, groups):
     return chosen, stats
 
 
-def measure_compute(graph: tf.Graph, analysis: GraphAnalysis,
-                    steps: int = 3) -> Tuple[Optional[float], Optional[str]]:
-    """Seconds of one training step on one worker's batch, alone: every update the graph makes
-    from its gradients, run after one warm-up step; the median of `steps`. Or why it cannot."""
+def measure_compute(graph: tf.Graph, analysis: GraphAnalysis, steps: int = 3
+                    ) -> Tuple[Optional[Tuple[float, float]], Optional[str]]:
+    """Seconds of one training step on one worker's batch, alone, of wall time and of this
+    process's CPU time: every update the graph makes from its gradients, run after one warm-up
+    step; the medians of `steps`. Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
     initializers = [v.initializer for v in graph.get_collection(
         tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(
         tf.compat.v1.GraphKeys.LOCAL_VARIABLES)]
     initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    seconds = []
+    seconds, cpu_seconds = [], []
     with tf.compat.v1.Session(graph=graph, config=config) as session:
         try:
             session.run(initializers)
             for _ in range(steps + 1):
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 session.run(writes)
                 seconds.append(time.perf_counter() - start)
+                cpu_seconds.append(time.process_time() - cpu_start)
         except tf.errors.OpError as error:
             return None, f"the step could not run before the job: {error.message.splitlines()[0]}"
-    return statistics.median(seconds[1:]), None
+    return (statistics.median(seconds[1:]), statistics.median(cpu_seconds[1:])), None
 
 
 def measure(graph: tf.Graph, analysis: GraphAnalysis,

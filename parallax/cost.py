@@ -15,6 +15,9 @@ variable, the paper's alpha). The paper's Table 3, counted per machine link:
   rows summed by id once, q_G (unique[G-1] rows), so s receives (H-1)q_G;
 - a variable split in k row shards over k servers moves the same rows, 1/k to each.
 
+Compute: a worker's step alone takes `alone` seconds of wall time and `cpu` seconds of its
+threads' CPU time; G workers sharing a machine's C cores take G*cpu/C when that is longer.
+
 Time: each link is a full-duplex pipe of `bandwidth` bytes/s that adds `latency` per message;
 the step's communication takes as long as its busiest link direction, and the runtime runs it
 after the compute (`overlap`, the share of the shorter of the two that is hidden, is 0 today).
@@ -118,6 +121,13 @@ def messages(var: VariableStats, method: Method, cluster: Cluster) -> int:
     if method.how in (ALLREDUCE, ALLGATHER):
         return 2 * (cluster.workers - 1) if method.how == ALLREDUCE else cluster.workers - 1
     return 2  # a push and a pull, to every shard at once
+
+
+def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: int) -> float:
+    """Seconds of a worker's compute when `workers_per_machine` workers share a machine's
+    `cores`: its step alone, unless together they need more CPU than the cores give in that
+    time (CPU training: a worker alone already runs its independent ops on several cores)."""
+    return max(alone, workers_per_machine * cpu / max(cores, 1))
 
 
 def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,

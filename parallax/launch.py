@@ -47,19 +47,30 @@ def worker_count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def probe_cluster(resources: str, config: Config) -> Tuple[List[int], Optional[dict]]:
-    """The workers of each machine, and what the link between the first two gives ({latency,
-    bandwidth}; None with one machine, or when the probe fails, which is logged)."""
+def probe_cluster(resources: str, config: Config
+                  ) -> Tuple[List[int], Optional[dict], Optional[dict]]:
+    """The workers of each machine, and what the link between the first two machines and the
+    one within the first machine give ({latency, bandwidth}; None between machines with one
+    machine, or for a probe that fails, which is logged)."""
     hosts = load_resources(resources)
-    links = None
-    if len(hosts) > 1:
+    ssh = _ssh_config(config)
+    pairs = [(hosts[0].name, hosts[1].name)] if len(hosts) > 1 else []
+    links: List[Optional[dict]] = []
+    for client, server in pairs + [(hosts[0].name, hosts[0].name)]:
         try:
-            links = link_probe.probe(hosts[0].name, hosts[1].name,
-                                     config.ssh or SSHConfig.from_env())
+            links.append(link_probe.probe(client, server, ssh))
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
-            log.warning("the link probe between %s and %s failed (%s)", hosts[0].name,
-                        hosts[1].name, error)
-    return [len(host.slots) for host in hosts], links
+            log.warning("the link probe between %s and %s failed (%s)", client, server, error)
+            links.append(None)
+    between = links[0] if pairs else None
+    return [len(host.slots) for host in hosts], between, links[-1]
+
+
+def _ssh_config(config: Config) -> SSHConfig:
+    try:
+        return config.ssh or SSHConfig.from_env()
+    except ValueError as error:  # a PARALLAX_SSH_* variable that is not a number
+        raise ParallaxError(str(error)) from None
 
 
 def run_driver(resources: str, config: Config, run_option: str, with_horovod: bool,
@@ -73,10 +84,7 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
             f"{resources}: loopback hosts cannot be mixed with remote hosts "
             f"{[h.name for h in remote]}: the remote "
             "ones could not reach them; name this machine by an address they can reach")
-    try:
-        ssh = config.ssh or SSHConfig.from_env()
-    except ValueError as error:  # a PARALLAX_SSH_* variable that is not a number
-        raise ParallaxError(str(error)) from None
+    ssh = _ssh_config(config)
     # Where the job's processes reach this machine (the rendezvous, the control plane).
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(config.max_restarts + 1):

@@ -59,7 +59,9 @@ def test_a_fed_graph_gets_hybrids_rule_and_says_why():
 
 def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     graph = _graph(vocab=100_000, ids_per_batch=500)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
+    within = {"bandwidth": 2.5e9, "latency": 20e-6}
+    decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
+                      within_machine=within)
     assert 0 < decision.compute < 5
     stats = decision.variable_stats()
     chosen = {name: cost.Method(m["how"], (m["server"],) if m["server"] is not None else ())
@@ -67,6 +69,8 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     communication = cost.step_time(chosen, stats, cost.Cluster(2, 2), cost.Links(bandwidth=1e6))
     assert decision.step == pytest.approx(decision.compute + communication)
     assert "one worker's step alone" in decision.note and "predicted step" in decision.note
+    assert "ms of CPU), 2 sharing" in decision.note  # two workers a machine share its cores
+    assert "within a machine 2e+04 Mbit/s, 20 us" in decision.note
     assert decision.link_model() == cost.Links(bandwidth=1e6)
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from parallax.cost import (ALLGATHER, ALLREDUCE, PS, Cluster, Links, Method, VariableStats,
-                           choose, link_bytes, step_time)
+                           choose, link_bytes, shared_compute, step_time)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -49,6 +49,15 @@ def test_step_time_is_compute_then_the_busiest_link_and_its_messages():
         0.5 + 1716 / 1000 + 6 * 0.01)
     assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5, overlap=1.0) == (
         pytest.approx(1716 / 1000 + 6 * 0.01))
+
+
+def test_workers_sharing_a_machines_cores_share_its_cpu_time():
+    # Alone: 12 ms of wall time, 20 ms of CPU (its ops on 1.67 cores of 2).
+    assert shared_compute(0.012, 0.020, workers_per_machine=1, cores=2) == 0.012
+    assert shared_compute(0.012, 0.020, workers_per_machine=2, cores=2) == pytest.approx(0.020)
+    assert shared_compute(0.012, 0.020, workers_per_machine=4, cores=2) == pytest.approx(0.040)
+    # A GPU worker's CPU time (launching kernels) is small: its step alone stands.
+    assert shared_compute(0.100, 0.010, workers_per_machine=8, cores=32) == 0.100
 
 
 def test_a_sparse_gradient_that_is_nearly_dense_goes_to_allreduce():

@@ -35,14 +35,16 @@ def test_down_then_up_at_once_works_every_time():
 
 
 def test_the_link_probe_measures_a_shaped_link_over_ssh():
-    """runner.link_probe between two hosts whose links are limited to 100 Mbit/s each way:
-    server and client run on the hosts, over ssh, and nothing of them is left."""
+    """runner.link_probe between two hosts whose links are limited to 100 Mbit/s each way, and
+    within one: server and client run on the hosts, over ssh, and nothing of them is left."""
     try:
         cluster_script("up", "2", "--rate", "100mbit", state=STATE)
         ssh = SSHConfig(options=["-F", f"{STATE}/ssh_config"])
         link = probe("10.213.0.2", "10.213.0.3", ssh)
         assert 0.7 * 12.5e6 < link["bandwidth"] < 1.1 * 12.5e6, link
         assert 0 < link["latency"] < 0.005, link
+        within = probe("10.213.0.2", "10.213.0.2", ssh)  # the host's loopback: not shaped
+        assert within["bandwidth"] > 4 * 12.5e6, within
         deadline = time.monotonic() + 10
         while _probes_on_hosts() and time.monotonic() < deadline:
             time.sleep(0.2)
