@@ -25,6 +25,9 @@ JOBS = {
     "PS-lstm": ("lstm", TWO_MACHINES, ["--run-option", "PS"]),
     "HYBRID-lstm": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "AR-lstm": ("lstm", "localhost:0,1", ["--run-option", "AR"]),
+    # A Keras 3 Embedding layer (the text-classification tutorials'): its gather's gradient
+    # is sparse, so the table goes to a server and the Dense kernels are allreduced.
+    "HYBRID-keras-embedding": ("keras-embedding", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
 }

@@ -70,7 +70,7 @@ def _keras_logits(features):
     """Keras 3 layers pinned to a GPU, as users write them; soft placement runs them on CPU."""
     with tf.device("/gpu:0"):
         hidden = keras.layers.Dense(HIDDEN, activation="tanh", kernel_initializer=_keras_initial(
-            [FEATURES, HIDDEN], 2))(features)
+            [features.shape[1], HIDDEN], 2))(features)
         return keras.layers.Dense(CLASSES, use_bias=False, kernel_initializer=_keras_initial(
             [HIDDEN, CLASSES], 3))(hidden)
 
@@ -109,10 +109,14 @@ def build(model, config, batch, shard, loss_scale=1.0):
                 partitioner=parallax.get_partitioner(MIN_PARTITIONS))
             looked_up = tf.compat.v1.nn.embedding_lookup(embedding, inputs["ids"],
                                                          partition_strategy="div")
-        if model in ("sparse", "lstm", "partitioned"):
+        elif model == "keras-embedding":
+            looked_up = keras.layers.Embedding(
+                VOCAB, EMBED, embeddings_initializer=_keras_initial([VOCAB, EMBED], 1))(
+                inputs["ids"])
+        if model in ("sparse", "lstm", "partitioned", "keras-embedding"):
             summary = _lstm(looked_up) if model == "lstm" else tf.reduce_mean(looked_up, axis=1)
             features = tf.concat([features, summary], axis=1)
-        if model == "keras":
+        if model in ("keras", "keras-embedding"):
             logits = _keras_logits(features)
         else:
             width = features.shape[1]
@@ -169,7 +173,9 @@ def train_single_device(model, config, batch, loss_scale=1.0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["dense", "sparse", "keras", "lstm", "partitioned"], required=True)
+    parser.add_argument("--model", required=True,
+                        choices=["dense", "sparse", "keras", "keras-embedding", "lstm",
+                                 "partitioned"])
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
