@@ -99,9 +99,9 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     timed, compute_problem = measure_compute(graph, analysis)
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
             f"links {'measured' if measured else 'assumed'}: "
-            f"{links.bandwidth * 8 / 1e6:.4g} Mbit/s, {links.latency * 1e6:.3g} us")
+            f"{_rate(links.bandwidth)}, {links.latency * 1e6:.3g} us")
     if within_machine:
-        note += (f" (within a machine {within_machine['bandwidth'] * 8 / 1e6:.4g} Mbit/s, "
+        note += (f" (within a machine {_rate(within_machine['bandwidth'])}, "
                  f"{within_machine['latency'] * 1e6:.3g} us, not priced)")
     if partitions:
         note += "; partitions: " + ", ".join(f"{name} in {count}"
@@ -119,6 +119,11 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     note += f"; predicted step {1000 * step:.0f} ms"
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, dataclasses.asdict(links), step, partitions)
+
+
+def _rate(bytes_per_second: float) -> str:
+    megabits = bytes_per_second * 8 / 1e6
+    return f"{megabits / 1000:.3g} Gbit/s" if megabits >= 1000 else f"{megabits:.3g} Mbit/s"
 
 
 def _rule_name(run_option: str) -> str:

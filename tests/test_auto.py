@@ -70,7 +70,7 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     assert decision.step == pytest.approx(decision.compute + communication)
     assert "one worker's step alone" in decision.note and "predicted step" in decision.note
     assert "ms of CPU), 2 sharing" in decision.note  # two workers a machine share its cores
-    assert "within a machine 2e+04 Mbit/s, 20 us" in decision.note
+    assert "links measured: 8 Mbit/s, 200 us (within a machine 20 Gbit/s, 20 us" in decision.note
     assert decision.link_model() == cost.Links(bandwidth=1e6)
 
 
