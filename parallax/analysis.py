@@ -141,8 +141,8 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     function_calls = {w: graph.get_operation_by_name(w).type for ops in writes.values()
                       for w in ops if graph.get_operation_by_name(w).type in FUNCTION_CALL_OPS}
     fused = [op.name for op in graph.get_operations()
-             if op.type.startswith("FusedBatchNorm") and not op.type.startswith("FusedBatchNormGrad")
-             and op.get_attr("is_training")]
+             if op.type.startswith("FusedBatchNorm")
+             and not op.type.startswith("FusedBatchNormGrad") and op.get_attr("is_training")]
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
                          batch_moments(graph), fused)
 

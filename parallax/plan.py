@@ -254,7 +254,8 @@ def describe(plan: Plan) -> str:
              for row in rows]
     header = (f"Parallax plan: run_option={plan.run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
-              + (", local aggregation" if plan.ps_config.local_aggregation and plan.cluster.servers else ""))
+              + (", local aggregation"
+                 if plan.ps_config.local_aggregation and plan.cluster.servers else ""))
     if plan.asynchronous:
         header += ("\nasynchronous: each worker applies its own gradients to the servers' "
                    "variables as they arrive" + ("; dense variables are allreduced, in step"

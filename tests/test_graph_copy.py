@@ -103,8 +103,8 @@ for name in ("model-5.meta", "later.meta", "exported.meta"):
     with graph.as_default():
         saver = tf.compat.v1.train.import_meta_graph(os.path.join(out, name))
         with tf.compat.v1.Session(graph=graph) as session:
-            saver.restore(session, os.path.join(out, name[:-len(".meta")]) if name != "exported.meta"
-                          else os.path.join(out, "model-5"))
+            saver.restore(session, os.path.join(out, "model-5") if name == "exported.meta"
+                          else os.path.join(out, name[:-len(".meta")]))
             variables = tf.compat.v1.global_variables()
             found[name] = {"ops": [op.name for op in graph.get_operations()],
                            "types": sorted({op.type for op in graph.get_operations()}),

@@ -52,7 +52,8 @@ def set_dense_ids():
 
 
 def _initial(shape, seed):
-    return tf.constant_initializer(np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5)
+    value = np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5
+    return tf.constant_initializer(value)
 
 
 def _sliced_initial(shape, seed):

@@ -56,7 +56,8 @@ if mode == "caught-error":
         runner.run(fails_when_run)
     except tf.errors.InvalidArgumentError:
         time.sleep(stall + 3)  # outside any run: not a stall
-steps = 10 if mode in ("ok", "caught-error") else 10 ** 9  # the others would wait in allreduce forever
+# The other modes would wait in allreduce forever.
+steps = 10 if mode in ("ok", "caught-error") else 10 ** 9
 for step in range(steps):
     if mode == "diverge" and runner.worker_id == 1 and step == 3:
         time.sleep(600)

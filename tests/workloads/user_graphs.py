@@ -32,7 +32,8 @@ def batch(step, total):
 
 
 def _initial(shape, seed):
-    return tf.constant_initializer(np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5)
+    value = np.random.RandomState(seed).randn(*shape).astype(np.float32) * 0.5
+    return tf.constant_initializer(value)
 
 
 def _inputs():
