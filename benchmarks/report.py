@@ -84,9 +84,9 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     throughput = (sum(map(_median_throughput, result["records"]))
                   if chief.get("asynchronous") else _median_throughput(chief))
     row.update(unit=chief["unit"], throughput=throughput, straggler_ms=chief.get("straggler_ms"),
-               step_ms=1000 * statistics.median(chief["window_seconds"]) / steps)
+               step_ms=_per_step_ms(chief))
     if chief.get("window_cpu_seconds"):
-        row["cpu_ms"] = 1000 * statistics.median(chief["window_cpu_seconds"]) / steps
+        row["cpu_ms"] = _per_step_ms(chief, "window_cpu_seconds")
     if result["system"] == "single":
         return row
     if result.get("phases"):
@@ -129,16 +129,20 @@ def predicted_step_ms(analytic_links: List[dict], single_chief: dict, summary: d
     direction at the link rate, no overlap): one worker's compute, its CPU time shared by all
     the workers (every emulated host is on this machine's cores; cost.shared_compute), and the
     Table 3 bytes on the wire."""
-    steps = single_chief["window_steps"]
-    single_ms = 1000 * statistics.median(single_chief["window_seconds"]) / steps
+    single_ms = _per_step_ms(single_chief)
     # Records from before the meter took CPU time: one core a worker.
-    cpu_ms = 1000 * statistics.median(single_chief.get(
-        "window_cpu_seconds", single_chief["window_seconds"])) / steps
+    cpu_ms = (_per_step_ms(single_chief, "window_cpu_seconds")
+              if single_chief.get("window_cpu_seconds") else single_ms)
     compute_ms = analytic.cost.shared_compute(
         single_ms, cpu_ms, summary["hosts"] * summary["workers_per_host"],
         summary.get("cores", os.cpu_count() or 1))
     busiest = max(link[d] for link in analytic_links for d in ("tx", "rx"))
     return compute_ms + 1000 * busiest / rate_bytes_per_second(summary["rate"])
+
+
+def _per_step_ms(chief: dict, key: str = "window_seconds") -> float:
+    """A worker's median window of `key` (seconds), per step, in ms."""
+    return 1000 * statistics.median(chief[key]) / chief["window_steps"]
 
 
 def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:

@@ -84,7 +84,8 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
         if _decides(config):
             shape, links, within = launch.probe_cluster(resources, config)
             decision = decide(graph, analysis, shape, cost.Links(**links) if links else None,
-                              config.run_option, config.search_partitions, within)
+                              config.run_option, config.search_partitions,
+                              cost.Links(**within) if within else None)
         validate(analysis, config, decision)
         run_option = effective_run_option(config.run_option, analysis, decision)
         launch.run_driver(resources, config, run_option,

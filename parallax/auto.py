@@ -64,7 +64,7 @@ class Decision:
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
            links: Optional[cost.Links] = None, run_option: str = "AUTO",
            search_partitions: bool = False,
-           within_machine: Optional[dict] = None) -> Decision:
+           within_machine: Optional[cost.Links] = None) -> Decision:
     """`links`: as measured between two machines (runner.link_probe); None: assumed.
     `within_machine`: the link probe's figures within one machine, for the record (the model
     prices the links between machines only). Under
@@ -101,8 +101,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
             f"links {'measured' if measured else 'assumed'}: "
             f"{_rate(links.bandwidth)}, {links.latency * 1e6:.3g} us")
     if within_machine:
-        note += (f" (within a machine {_rate(within_machine['bandwidth'])}, "
-                 f"{within_machine['latency'] * 1e6:.3g} us, not priced)")
+        note += (f" (within a machine {_rate(within_machine.bandwidth)}, "
+                 f"{within_machine.latency * 1e6:.3g} us, not priced)")
     if partitions:
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)

@@ -54,16 +54,17 @@ def probe_cluster(resources: str, config: Config
     machine, or for a probe that fails, which is logged)."""
     hosts = load_resources(resources)
     ssh = _ssh_config(config)
-    pairs = [(hosts[0].name, hosts[1].name)] if len(hosts) > 1 else []
-    links: List[Optional[dict]] = []
-    for client, server in pairs + [(hosts[0].name, hosts[0].name)]:
+
+    def probe(client: str, server: str) -> Optional[dict]:
         try:
-            links.append(link_probe.probe(client, server, ssh))
+            return link_probe.probe(client, server, ssh)
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
             log.warning("the link probe between %s and %s failed (%s)", client, server, error)
-            links.append(None)
-    between = links[0] if pairs else None
-    return [len(host.slots) for host in hosts], between, links[-1]
+            return None
+
+    first = hosts[0].name
+    between = probe(first, hosts[1].name) if len(hosts) > 1 else None
+    return [len(host.slots) for host in hosts], between, probe(first, first)
 
 
 def _ssh_config(config: Config) -> SSHConfig:

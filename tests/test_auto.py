@@ -59,7 +59,7 @@ def test_a_fed_graph_gets_hybrids_rule_and_says_why():
 
 def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     graph = _graph(vocab=100_000, ids_per_batch=500)
-    within = {"bandwidth": 2.5e9, "latency": 20e-6}
+    within = cost.Links(bandwidth=2.5e9, latency=20e-6)
     decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
                       within_machine=within)
     assert 0 < decision.compute < 5
