@@ -18,9 +18,13 @@ variable, the paper's alpha). The paper's Table 3, counted per machine link:
 Compute: a worker's step alone takes `alone` seconds of wall time and `cpu` seconds of its
 threads' CPU time; G workers sharing a machine's C cores take G*cpu/C when that is longer.
 
-Time: each link is a full-duplex pipe of `bandwidth` bytes/s that adds `latency` per message;
-the step's communication takes as long as its busiest link direction, and the runtime runs it
-after the compute (`overlap`, the share of the shorter of the two that is hidden, is 0 today).
+Time: each link is a full-duplex pipe of `bandwidth` bytes/s that adds `latency` per message.
+A synchronous step communicates in two phases, one after the other: the pulls from servers
+before the compute (the rows of this step's batch, after the last step's update), then the
+pushes, allreduces and allgathers after it. Each phase takes as long as its busiest link
+direction: a server's machine sends in the first and receives in the second, so one machine
+serving much is paid for twice. The runtime runs them after the compute (`overlap`, the share
+of the shorter of compute and communication that is hidden, is 0 today).
 """
 from __future__ import annotations
 
@@ -82,14 +86,23 @@ Traffic = List[List[float]]  # per machine: [bytes sent, bytes received]
 def link_bytes(var: VariableStats, method: Method, cluster: Cluster,
                local_aggregation: bool = True, unique_pulls: bool = True) -> Traffic:
     """The bytes each machine's link sends and receives in one step for `var` under `method`."""
+    pull, push = link_phases(var, method, cluster, local_aggregation, unique_pulls)
+    return [[p[0] + q[0], p[1] + q[1]] for p, q in zip(pull, push)]
+
+
+def link_phases(var: VariableStats, method: Method, cluster: Cluster,
+                local_aggregation: bool = True,
+                unique_pulls: bool = True) -> Tuple[Traffic, Traffic]:
+    """link_bytes in the step's two phases: (pulls before the compute, what follows it)."""
     h, g, n = cluster.machines, cluster.workers_per_machine, cluster.workers
-    traffic = [[0.0, 0.0] for _ in range(h)]
+    before = [[0.0, 0.0] for _ in range(h)]
+    after = [[0.0, 0.0] for _ in range(h)]
     if h == 1:
-        return traffic
+        return before, after
     if method.how == ALLREDUCE:
-        for link in traffic:
+        for link in after:
             link[0] = link[1] = 2 * var.nbytes * (n - 1) / n
-        return traffic
+        return before, after
     if not var.sparse:
         pull, push = var.reads * var.nbytes, var.nbytes
         summed = push
@@ -98,20 +111,20 @@ def link_bytes(var: VariableStats, method: Method, cluster: Cluster,
         push = var.rows * (var.row_bytes + var.index_bytes)
         summed = var.distinct(g) * (var.row_bytes + var.index_bytes)
     if method.how == ALLGATHER:
-        for link in traffic:
+        for link in after:
             link[0] = link[1] = (n - 1) * push
-        return traffic
+        return before, after
     aggregated = var.sparse and local_aggregation
     k = len(method.servers)
     for server in method.servers:  # each shard: 1/k of the rows
-        for machine, link in enumerate(traffic):
+        for machine in range(h):
             if machine == server:
-                link[0] += (n - g) * pull / k
-                link[1] += ((h - 1) * summed if aggregated else (n - g) * push) / k
+                before[machine][0] += (n - g) * pull / k
+                after[machine][1] += ((h - 1) * summed if aggregated else (n - g) * push) / k
             else:
-                link[0] += (summed if aggregated else g * push) / k
-                link[1] += g * pull / k
-    return traffic
+                after[machine][0] += (summed if aggregated else g * push) / k
+                before[machine][1] += g * pull / k
+    return before, after
 
 
 def messages(var: VariableStats, method: Method, cluster: Cluster) -> int:
@@ -132,56 +145,86 @@ def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: in
 
 def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,
               links: Links, compute: float = 0.0, overlap: float = 0.0, **options) -> float:
-    """Seconds per step of a whole plan: compute, then the busiest link direction's bytes and
-    the longest chain of messages, less the overlapped share of the shorter of the two."""
-    total = [[0.0, 0.0] for _ in range(cluster.machines)]
-    rounds = 0
+    """Seconds per step of a whole plan: compute, then each phase's busiest link direction's
+    bytes and the longest chain of messages, less the overlapped share of the shorter of the
+    two."""
+    phases, rounds = _no_traffic(cluster), 0
     for name, method in choice.items():
-        for link, add in zip(total, link_bytes(stats[name], method, cluster, **options)):
-            link[0] += add[0]
-            link[1] += add[1]
+        phases = _added(phases, link_phases(stats[name], method, cluster, **options))
         rounds = max(rounds, messages(stats[name], method, cluster))
-    busiest = max(max(link) for link in total) if total else 0.0
-    communicate = busiest / links.bandwidth + rounds * links.latency
+    communicate = _communication(phases, rounds, links)
     return compute + communicate - overlap * min(compute, communicate)
+
+
+def _no_traffic(cluster: Cluster) -> Tuple[Traffic, Traffic]:
+    return tuple([[0.0, 0.0] for _ in range(cluster.machines)] for _ in range(2))
+
+
+def _added(phases: Tuple[Traffic, Traffic], more: Tuple[Traffic, Traffic]
+           ) -> Tuple[Traffic, Traffic]:
+    return tuple([[a[0] + b[0], a[1] + b[1]] for a, b in zip(phase, add)]
+                 for phase, add in zip(phases, more))
+
+
+def _communication(phases: Tuple[Traffic, Traffic], rounds: int, links: Links) -> float:
+    busiest = sum(max((max(link) for link in phase), default=0.0) for phase in phases)
+    return busiest / links.bandwidth + rounds * links.latency
+
+
+BEAM = 16  # partial plans kept while choosing
 
 
 def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
            shard_counts: Optional[Dict[str, Sequence[int]]] = None,
            summable: Optional[Collection[str]] = None,
            hows: Optional[Dict[str, str]] = None, **options) -> Dict[str, Method]:
-    """Per variable, the method that adds least to the predicted step time given the ones
-    chosen so far: allreduce for a dense gradient; for a sparse one allreduce (as dense),
-    allgather, or parameter servers (in as many row shards as `shard_counts` allows it, 1 when
-    not given; of servers equally fast, the least loaded); as dense only those in `summable`
-    (all when None), whose rows may be summed by id; only `hows[name]` where given (a run
-    option's rule). Dense variables come first (their allreduce, and its latency, is then paid
-    for), then sparse ones, largest first."""
-    choice: Dict[str, Method] = {}
-    by_name = {var.name: var for var in stats}
-    machines = range(cluster.machines)
+    """Per variable a method, for the least predicted step time of the whole plan: allreduce
+    for a dense gradient; for a sparse one allreduce (as dense), allgather, or parameter
+    servers (in as many row shards as `shard_counts` allows it, 1 when not given); as dense
+    only those in `summable` (all when None), whose rows may be summed by id; only
+    `hows[name]` where given (a run option's rule).
+
+    A beam search: variables are decided one at a time, dense ones first (their allreduce, and
+    its latency, is then paid for), then sparse ones, largest first, keeping the BEAM partial
+    plans of least predicted time. A variable's best method depends on the others' (two tables
+    balance on two servers where either alone would rather be allgathered), so the greedy
+    choice of one would miss them. Of plans equally fast: the fewest shards, then the servers
+    holding the most even bytes (as HYBRID balances them)."""
+    # A partial plan: (its methods, their traffic, the longest chain of messages, the bytes
+    # each machine serves).
+    beam = [((), _no_traffic(cluster), 0, (0.0,) * cluster.machines)]
     for var in sorted(stats, key=lambda v: (v.sparse, -v.nbytes)):
-        candidates = []
-        if not var.sparse or summable is None or var.name in summable:
-            candidates.append(Method(ALLREDUCE))
-        if var.sparse:
-            candidates.append(Method(ALLGATHER))
-        if var.sparse or (hows or {}).get(var.name) == PS:
-            for k in (shard_counts or {}).get(var.name, (1,)):
-                candidates += [Method(PS, tuple((first + i) % cluster.machines
-                                                for i in range(k))) for first in machines]
-        if hows and var.name in hows:
-            candidates = [m for m in candidates if m.how == hows[var.name]]
-        times = {method: step_time({**choice, var.name: method}, by_name, cluster, links,
-                                   **options) for method in candidates}
-        fastest = min(times.values())
-        # Servers that the links price alike differ in their work (updates, lookups): of the
-        # equally fast, the one holding the fewest bytes so far, as HYBRID balances them.
-        held = [0] * cluster.machines
-        for name, method in choice.items():
-            for server in method.servers:
-                held[server] += by_name[name].nbytes / len(method.servers)
-        choice[var.name] = min(
-            (m for m, t in times.items() if t <= fastest * (1 + 1e-6)),
-            key=lambda m: (max((held[s] for s in m.servers), default=0), m.servers))
-    return choice
+        extended = []
+        for method in _candidates(var, cluster, shard_counts, summable, hows):
+            traffic = link_phases(var, method, cluster, **options)
+            chain = messages(var, method, cluster)
+            for choice, phases, rounds, held in beam:
+                serving = list(held)
+                for server in method.servers:
+                    serving[server] += var.nbytes / len(method.servers)
+                extended.append((choice + ((var.name, method),), _added(phases, traffic),
+                                 max(rounds, chain), tuple(serving)))
+        extended.sort(key=lambda plan: (
+            round(_communication(plan[1], plan[2], links) * 1e9),  # ns: sums in any order
+            sum(len(method.servers) for _, method in plan[0]), max(plan[3]),
+            [method.servers for _, method in plan[0]]))
+        beam = extended[:BEAM]
+    return dict(beam[0][0])
+
+
+def _candidates(var: VariableStats, cluster: Cluster,
+                shard_counts: Optional[Dict[str, Sequence[int]]],
+                summable: Optional[Collection[str]],
+                hows: Optional[Dict[str, str]]) -> List[Method]:
+    candidates = []
+    if not var.sparse or summable is None or var.name in summable:
+        candidates.append(Method(ALLREDUCE))
+    if var.sparse:
+        candidates.append(Method(ALLGATHER))
+    if var.sparse or (hows or {}).get(var.name) == PS:
+        for k in (shard_counts or {}).get(var.name, (1,)):
+            candidates += [Method(PS, tuple((first + i) % cluster.machines for i in range(k)))
+                           for first in range(cluster.machines)]
+    if hows and var.name in hows:
+        candidates = [m for m in candidates if m.how == hows[var.name]]
+    return candidates

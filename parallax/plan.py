@@ -223,9 +223,9 @@ def _on_server_in_ps(analysis: GraphAnalysis, name: str) -> bool:
 
 def describe(plan: Plan) -> str:
     """A table of every variable: kind, shape, bytes, where it lives, how it is synchronized;
-    under AUTO also alpha (the share of its rows one worker's batch touches), the bytes the
-    busiest link carries for it in a step as predicted, and the share of the predicted step
-    those bytes take."""
+    under AUTO also alpha (the share of its rows one worker's batch touches), the bytes that
+    its busiest link direction carries in a step as predicted (in each of the step's phases,
+    cost.link_phases), and the share of the predicted step those bytes take."""
     stats = plan.decision.variable_stats() if plan.decision is not None else {}
     predicted = _predicted_bytes(plan, stats)
     rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
@@ -266,8 +266,8 @@ def describe(plan: Plan) -> str:
 
 
 def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[str, float]:
-    """Per variable, the bytes of a step on the link it loads most (AUTO plans that measured
-    `stats`)."""
+    """Per variable, the bytes of a step on the link direction it loads most in each phase
+    (AUTO plans that measured `stats`)."""
     if not stats:
         return {}
     shape = cost.Cluster(plan.cluster.num_machines,
@@ -277,8 +277,8 @@ def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[s
     for name, var_plan in plan.variables.items():
         method = cost.Method(var_plan.sync.value,
                              (var_plan.server,) if var_plan.sync is Sync.PS else ())
-        traffic = cost.link_bytes(stats[name], method, shape,
-                                  local_aggregation=plan.ps_config.local_aggregation,
-                                  unique_pulls=plan.ps_config.boundary_between_workers_and_servers)
-        predicted[name] = max(max(link) for link in traffic)
+        phases = cost.link_phases(
+            stats[name], method, shape, local_aggregation=plan.ps_config.local_aggregation,
+            unique_pulls=plan.ps_config.boundary_between_workers_and_servers)
+        predicted[name] = sum(max(max(link) for link in traffic) for traffic in phases)
     return predicted

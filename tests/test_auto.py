@@ -14,15 +14,18 @@ from parallax.plan import describe, make_plan
 TWO_BY_TWO = [2, 2]  # workers of each machine
 
 
-def _graph(vocab, ids_per_batch, feed=False):
+def _graph(vocab, ids_per_batch, feed=False, zipf=False):
+    """`zipf`: ids as words come in text, a few often and most rarely (else uniform)."""
     graph = tf.Graph()
     with graph.as_default():
         if feed:
             ids = tf.compat.v1.placeholder(tf.int64, [None])
         else:
             rng = np.random.RandomState(0)
-            dataset = tf.data.Dataset.from_tensor_slices(
-                rng.randint(0, vocab, size=(64, ids_per_batch)).astype(np.int64))
+            size = (64, ids_per_batch)
+            drawn = (np.minimum(rng.zipf(1.1, size), vocab) - 1 if zipf
+                     else rng.randint(0, vocab, size=size))
+            dataset = tf.data.Dataset.from_tensor_slices(drawn.astype(np.int64))
             ids = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         table = tf.compat.v1.get_variable("table", [vocab, 64])
         w = tf.compat.v1.get_variable("w", [64, 1])
@@ -38,9 +41,20 @@ def test_rows_are_measured_on_as_many_batches_as_workers():
     assert stats.rows == 500 and stats.row_bytes == 256 and stats.index_bytes == 8
     assert len(stats.unique) == 4 and 490 < stats.unique[0] <= 500
     assert stats.unique[0] < stats.unique[1] < stats.unique[3] <= 2000
-    assert decision.methods["table"]["how"] == cost.PS
+    # Nearly every id of a batch distinct: an allgather brings each machine 3 workers' 500
+    # rows with ids (396 kB); one server would send 2 workers ~500 rows each (256 kB), and
+    # then receive the other machine's ~1000 summed rows (264 kB).
+    assert decision.methods["table"]["how"] == cost.ALLGATHER
     assert decision.methods["w"]["how"] == cost.ALLREDUCE
     assert Decision(**{**decision.__dict__}).variable_stats() == decision.variable_stats()
+
+
+def test_a_table_read_as_words_are_read_goes_to_a_server():
+    # Of 500 ids a batch ~190 distinct, ~340 in two: pulls of 97 kB, then pushes of 90 kB.
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.variable_stats()["table"].unique[0] < 250
+    assert decision.methods["table"]["how"] == cost.PS
 
 
 def test_a_table_every_batch_reads_whole_is_allreduced():
@@ -85,7 +99,7 @@ def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():
 
 
 def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():
-    graph = _graph(vocab=100_000, ids_per_batch=500)
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     analysis = analyze(graph)
     decision = decide(graph, analysis, TWO_BY_TWO, cost.Links(bandwidth=1e6))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
@@ -95,8 +109,8 @@ def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predi
     assert header.endswith("alpha  predicted bytes  share of step")
     table_cells, w_cells = table.split(), w.split()
     assert table_cells[0] == "table" and "parameter" in table
-    assert 0.0 < float(table_cells[-3]) < 0.01  # alpha: 500 rows of 100,000
+    assert 0.0 < float(table_cells[-3]) < 0.01  # alpha: ~190 rows of 100,000
     assert w_cells[0] == "w" and "allreduce" in w and w_cells[-3] == "-"
-    # w: 2 * 256 bytes * 3/4 each way; the table's pulls and pushes: most of the step
+    # w: 2 * 256 bytes * 3/4 each way; the table's pulls and pushes: much of the step
     assert float(w_cells[-2]) == 384
-    assert int(table_cells[-1].rstrip("%")) > 50
+    assert int(table_cells[-1].rstrip("%")) > 25

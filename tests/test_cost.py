@@ -2,7 +2,8 @@
 import pytest
 
 from parallax.cost import (ALLGATHER, ALLREDUCE, PS, Cluster, Links, Method, VariableStats,
-                           choose, link_bytes, shared_compute, step_time)
+                           choose, link_bytes, link_phases, shared_compute,
+                           step_time)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -40,15 +41,22 @@ def test_one_machine_moves_nothing_between_machines():
     assert link_bytes(SPARSE, Method(PS, (0,)), one) == [[0.0, 0.0]]
 
 
-def test_step_time_is_compute_then_the_busiest_link_and_its_messages():
+def test_a_steps_traffic_comes_in_two_phases_pulls_then_the_rest():
+    pull, push = link_phases(SPARSE, Method(PS, (0,)), TWO_BY_TWO)
+    assert pull == [[2 * 96, 0], [0, 2 * 96]] and push == [[0, 216], [216, 0]]
+    assert link_phases(DENSE, Method(ALLREDUCE), TWO_BY_TWO) == ([[0, 0]] * 2, [[1500] * 2] * 2)
+
+
+def test_step_time_is_compute_then_each_phases_busiest_link_and_its_messages():
     links = Links(bandwidth=1000.0, latency=0.01)
     choice = {"w": Method(ALLREDUCE), "e": Method(PS, (0,))}
     stats = {"w": DENSE, "e": SPARSE}
-    # Busiest direction: 1500 + 216 bytes; the allreduce's 2(N-1) = 6 messages in sequence.
+    # The pulls: machine 0 sends 192 bytes; then the allreduce's 1500 and the summed push's
+    # 216 that machine 0 receives; the allreduce's 2(N-1) = 6 messages in sequence.
     assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5) == pytest.approx(
-        0.5 + 1716 / 1000 + 6 * 0.01)
+        0.5 + (192 + 1716) / 1000 + 6 * 0.01)
     assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5, overlap=1.0) == (
-        pytest.approx(1716 / 1000 + 6 * 0.01))
+        pytest.approx((192 + 1716) / 1000 + 6 * 0.01))
 
 
 def test_workers_sharing_a_machines_cores_share_its_cpu_time():
@@ -70,8 +78,14 @@ def test_a_sparse_gradient_that_is_nearly_dense_goes_to_allreduce():
     assert chosen == {"tags": Method(ALLREDUCE), "w": Method(ALLREDUCE)}
 
 
-def test_a_large_table_read_a_little_goes_to_a_server_and_two_are_balanced():
+def test_one_large_table_is_allgathered_and_two_balance_on_two_servers():
+    # Alone on a server, machine 0 sends 2 workers x 900 rows (460.8 kB) in the pulls and
+    # receives 1700 summed rows (448.8 kB) after: 909.6 kB in sequence; an allgather sends
+    # and receives 3 workers x 1000 rows (792 kB). Two tables on two servers keep every link
+    # direction as busy in each phase as one table does (909.6 kB; allgathers: 1584 kB).
     table = dict(nbytes=100_000 * 256, rows=1000, row_bytes=256, unique=(900, 1700, 2400, 3000))
+    assert choose([VariableStats("a", **table)], TWO_BY_TWO, Links()) == {
+        "a": Method(ALLGATHER)}
     chosen = choose([VariableStats("a", **table), VariableStats("b", **table)], TWO_BY_TWO,
                     Links())
     assert {m.how for m in chosen.values()} == {PS}
@@ -96,9 +110,18 @@ def test_a_run_options_rule_restricts_the_methods_and_shards_are_still_chosen():
     chosen = choose([dense, table], Cluster(4, 1), Links(), shard_counts={"w": (1, 2, 4)},
                     hows={"w": PS, "a": ALLGATHER})
     assert chosen == {"w": Method(PS, (0, 1, 2, 3)), "a": Method(ALLGATHER)}
-    # On 2 machines the split moves as many bytes: of equal times, the fewest shards.
+    # On 2 machines the split moves as many bytes, but on one server its machine's link sends
+    # 2w in the pulls and receives 2w after, one direction at a time; split, both directions
+    # carry w in each phase.
     assert choose([dense], TWO_BY_TWO, Links(), shard_counts={"w": (1, 2)},
-                  hows={"w": PS})["w"] == Method(PS, (0,))
+                  hows={"w": PS})["w"] == Method(PS, (0, 1))
+
+
+def test_of_plans_equally_fast_the_fewest_shards():
+    # On one machine nothing crosses a link: one shard or two, the step is as fast.
+    table = VariableStats("a", nbytes=1000 * 256, rows=10, row_bytes=256, unique=(9, 17))
+    assert choose([DENSE, table], Cluster(1, 2), Links(), shard_counts={"a": (1, 2)},
+                  hows={"a": PS}) == {"w": Method(ALLREDUCE), "a": Method(PS, (0,))}
 
 
 def test_tables_the_links_price_alike_are_spread_over_the_servers():
