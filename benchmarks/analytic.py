@@ -21,13 +21,22 @@ SEGMENT, HEADERS = 1448, 66
 
 
 def host_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], hosts: int,
-               workers_per_host: int, unique_pulls: bool = False,
-               summed_pushes: bool = False, loop_copies: bool = False) -> List[Dict[str, float]]:
-    """[{tx, rx}] per host. `variables`: {name, bytes, rows, unique_rows, row_bytes,
+               workers_per_host: int, **options) -> List[Dict[str, float]]:
+    """[{tx, rx}] per host, both phases of the step (host_phase_bytes) together."""
+    before, after = host_phase_bytes(variables, sync, hosts, workers_per_host, **options)
+    return [{d: b[d] + a[d] for d in ("tx", "rx")} for b, a in zip(before, after)]
+
+
+def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],
+                     hosts: int, workers_per_host: int, unique_pulls: bool = False,
+                     summed_pushes: bool = False,
+                     loop_copies: bool = False) -> List[List[Dict[str, float]]]:
+    """[{tx, rx}] per host in each of the step's two phases (cost.link_phases: the pulls before
+    the compute, what follows it). `variables`: {name, bytes, rows, unique_rows, row_bytes,
     index_bytes, reads} (rows is None for a dense variable; unique_rows[k-1]: distinct ids in
     k workers' batches); `sync`: name -> (how, server host for PS)."""
     cluster = cost.Cluster(hosts, workers_per_host)
-    links = [{"tx": 0.0, "rx": 0.0} for _ in range(hosts)]
+    phases = [[{"tx": 0.0, "rx": 0.0} for _ in range(hosts)] for _ in range(2)]
     for variable in variables:
         how, server = sync[variable["name"]]
         sparse = variable["rows"] is not None and how != ALLREDUCE
@@ -37,12 +46,13 @@ def host_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]]
             unique=tuple(variable.get("unique_rows") or ()),
             reads=1 if loop_copies else variable.get("reads", 1))
         method = cost.Method(how, (server,) if how == PS else ())
-        traffic = cost.link_bytes(stats, method, cluster, local_aggregation=summed_pushes,
-                                  unique_pulls=unique_pulls)
-        for link, (sent, received) in zip(links, traffic):
-            link["tx"] += sent
-            link["rx"] += received
-    return links
+        for links, traffic in zip(phases, cost.link_phases(
+                stats, method, cluster, local_aggregation=summed_pushes,
+                unique_pulls=unique_pulls)):
+            for link, (sent, received) in zip(links, traffic):
+                link["tx"] += sent
+                link["rx"] += received
+    return phases
 
 
 def on_the_wire(payload: Dict[str, float]) -> Dict[str, float]:

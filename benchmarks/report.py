@@ -106,12 +106,15 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     if single and not chief.get("straggler_ms") and not chief.get("asynchronous"):
         variables = _chief(single)["variables"]
         parallax = chief["system"] == "parallax"
-        row["analytic"] = [analytic.on_the_wire(link) for link in analytic.host_bytes(
-            variables, _sync_of(result, variables), summary["hosts"],
-            summary["workers_per_host"],
+        job = dict(
+            variables=variables, sync=_sync_of(result, variables), hosts=summary["hosts"],
+            workers_per_host=summary["workers_per_host"],
             unique_pulls=parallax and "boundary_between_workers_and_servers" not in chief["ps_off"],
             summed_pushes=parallax and "local_aggregation" not in chief["ps_off"],
-            loop_copies=parallax)]
+            loop_copies=parallax)
+        row["analytic"] = list(map(analytic.on_the_wire, analytic.host_bytes(**job)))
+        row["analytic_phases"] = [list(map(analytic.on_the_wire, phase))
+                                  for phase in analytic.host_phase_bytes(**job)]
         row["deviation"] = max(abs(m[d] / a[d] - 1) for m, a in zip(row["measured"],
                                                                     row["analytic"])
                                for d in ("tx", "rx") if a[d])
@@ -119,16 +122,17 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     row["link_seconds"] = busiest / rate_bytes_per_second(summary["rate"])
     row["link_bound_ratio"] = row["link_seconds"] / (row["step_ms"] / 1000)
     if single and "analytic" in row:
-        row["predicted_ms"] = predicted_step_ms(row["analytic"], _chief(single), summary)
+        row["predicted_ms"] = predicted_step_ms(row["analytic_phases"], _chief(single), summary)
         row["prediction_error"] = row["predicted_ms"] / row["step_ms"] - 1
     return row
 
 
-def predicted_step_ms(analytic_links: List[dict], single_chief: dict, summary: dict) -> float:
-    """The step in the cost model's form (parallax/cost.py: compute, then the busiest link
-    direction at the link rate, no overlap): one worker's compute, its CPU time shared by all
-    the workers (every emulated host is on this machine's cores; cost.shared_compute), and the
-    Table 3 bytes on the wire."""
+def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict,
+                      summary: dict) -> float:
+    """The step in the cost model's form (parallax/cost.py: compute, then each phase's busiest
+    link direction at the link rate, no overlap): one worker's compute, its CPU time shared by
+    all the workers (every emulated host is on this machine's cores; cost.shared_compute), and
+    the Table 3 bytes on the wire."""
     single_ms = _per_step_ms(single_chief)
     # Records from before the meter took CPU time: one core a worker.
     cpu_ms = (_per_step_ms(single_chief, "window_cpu_seconds")
@@ -136,7 +140,8 @@ def predicted_step_ms(analytic_links: List[dict], single_chief: dict, summary: d
     compute_ms = analytic.cost.shared_compute(
         single_ms, cpu_ms, summary["hosts"] * summary["workers_per_host"],
         summary.get("cores", os.cpu_count() or 1))
-    busiest = max(link[d] for link in analytic_links for d in ("tx", "rx"))
+    busiest = sum(max(link[d] for link in phase for d in ("tx", "rx"))
+                  for phase in analytic_phases)
     return compute_ms + 1000 * busiest / rate_bytes_per_second(summary["rate"])
 
 
@@ -360,7 +365,7 @@ def _prediction_plot(plt, rows: Dict[str, List[dict]], out: str) -> None:
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xlabel("measured step (ms)")
-    axes.set_ylabel("predicted step (ms): compute + busiest link, no overlap")
+    axes.set_ylabel("predicted step (ms): compute + pulls + the rest, no overlap")
     axes.set_title("Cost model: predicted against measured step time")
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
