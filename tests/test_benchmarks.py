@@ -11,6 +11,7 @@ from emulated import reason as no_cluster_reason
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import analytic  # noqa: E402
+import repeated  # noqa: E402
 import report  # noqa: E402
 
 DENSE = {"name": "w", "bytes": 1000, "rows": None, "reads": 1}
@@ -55,6 +56,18 @@ def test_rates_are_read_as_tc_writes_them():
     assert report.rate_bytes_per_second("1gbit") == 125e6
     with pytest.raises(ValueError, match="100mbit"):
         report.rate_bytes_per_second("100MB")
+
+
+def test_repeated_runs_give_each_runs_auto_ratio_and_the_minimum_against_the_target():
+    committed = os.path.join(REPO, "benchmarks", "results")
+    lines = repeated.table([committed, committed])
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in lines[2:]}
+    # The committed run: lm AUTO 17,774 words/s, Horovod 10,744; cnn 185 and 178 images/s.
+    assert cells["lm"] == ["the best of Horovod and TF-PS", "1.65", "1.65", "1.65", "2.3",
+                           "NOT met"]
+    assert cells["cnn"][1:] == ["1.04", "1.04", "1.04", "0.97", "met"]
+    assert set(cells) == {"lm", "nmt", "cnn"}
 
 
 @pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
