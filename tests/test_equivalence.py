@@ -30,6 +30,8 @@ JOBS = {
     "HYBRID-keras-embedding": ("keras-embedding", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
+    # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
+    "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
 
 
@@ -45,6 +47,7 @@ def job(request, tmp_path_factory):
     result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", model,
                      "--resources", resources, "--out", str(out), *extra, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (out / "output.txt").write_text(result.stdout)
     return model, _workers(resources), out
 
 
@@ -65,6 +68,18 @@ def test_workers_equal_single_device(job, config):
                 continue  # Keras's RNG state for dropout (none here): advanced by each worker
             np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{config}: {name} on worker {worker}")
+
+
+@pytest.mark.parametrize("job", ["AUTO-two-tables"], indirect=True)
+def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
+    """The embedding, whose batches repeat a few ids, goes to a server; the tags table, whose
+    ~100 ids a batch are nearly all distinct, is allgathered: its server would send them in
+    the pulls and receive them again in the pushes. (Each trains as on one device:
+    test_workers_equal_single_device.)"""
+    _, _, out = job
+    plan = (out / "output.txt").read_text().splitlines()
+    assert "parameter server" in next(line for line in plan if "] embedding " in line)
+    assert "allgather" in next(line for line in plan if "] tags " in line)
 
 
 @pytest.mark.parametrize("run_option", ["AR", "PS"])

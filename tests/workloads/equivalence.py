@@ -29,6 +29,9 @@ CONFIGS = [f"{opt}{'+clip' if clip else ''}"
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
 ID_RANGE = VOCAB // 2  # ids drawn below it (set_dense_ids: every row in every batch)
 STEPS, BATCH_PER_WORKER = 20, 4
+# 'two-tables': beside the embedding, a table of which a batch reads ~100 rows, nearly all
+# distinct (AUTO allgathers it while the embedding goes to a server).
+TAGS_VOCAB, TAGS_PER_EXAMPLE = 10_000, 25
 MIN_PARTITIONS = 1  # of the 'partitioned' model's embedding (parallax.get_partitioner)
 MAX_WORKERS = 4
 NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * MAX_WORKERS
@@ -41,6 +44,8 @@ def _examples(num_examples):
         # Ids drawn from a small range repeat within a batch, so gradients have duplicate rows.
         "ids": rng.randint(0, ID_RANGE, size=(num_examples, IDS_PER_EXAMPLE)).astype(np.int64),
         "label": rng.randint(0, CLASSES, size=num_examples).astype(np.int64),
+        "tags": rng.randint(0, TAGS_VOCAB, size=(num_examples, TAGS_PER_EXAMPLE)).astype(
+            np.int64),
     }
 
 
@@ -100,7 +105,7 @@ def build(model, config, batch, shard, loss_scale=1.0):
             dataset = parallax.shard(dataset)
         inputs = tf.compat.v1.data.make_one_shot_iterator(dataset.batch(batch)).get_next()
         features = inputs["x"]
-        if model in ("sparse", "lstm"):
+        if model in ("sparse", "lstm", "two-tables"):
             embedding = tf.compat.v1.get_variable(
                 "embedding", [VOCAB, EMBED], initializer=_initial([VOCAB, EMBED], 1))
             looked_up = tf.nn.embedding_lookup(embedding, inputs["ids"])
@@ -114,9 +119,14 @@ def build(model, config, batch, shard, loss_scale=1.0):
             looked_up = keras.layers.Embedding(
                 VOCAB, EMBED, embeddings_initializer=_keras_initial([VOCAB, EMBED], 1))(
                 inputs["ids"])
-        if model in ("sparse", "lstm", "partitioned", "keras-embedding"):
+        if model in ("sparse", "lstm", "partitioned", "keras-embedding", "two-tables"):
             summary = _lstm(looked_up) if model == "lstm" else tf.reduce_mean(looked_up, axis=1)
             features = tf.concat([features, summary], axis=1)
+        if model == "two-tables":
+            tags = tf.compat.v1.get_variable(
+                "tags", [TAGS_VOCAB, EMBED], initializer=_initial([TAGS_VOCAB, EMBED], 4))
+            features = tf.concat([features, tf.reduce_mean(
+                tf.nn.embedding_lookup(tags, inputs["tags"]), axis=1)], axis=1)
         if model in ("keras", "keras-embedding"):
             logits = _keras_logits(features)
         else:
@@ -176,7 +186,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True,
                         choices=["dense", "sparse", "keras", "keras-embedding", "lstm",
-                                 "partitioned"])
+                                 "partitioned", "two-tables"])
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
