@@ -23,7 +23,12 @@ SEGMENT, HEADERS = 1448, 66
 def host_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], hosts: int,
                workers_per_host: int, **options) -> List[Dict[str, float]]:
     """[{tx, rx}] per host, both phases of the step (host_phase_bytes) together."""
-    before, after = host_phase_bytes(variables, sync, hosts, workers_per_host, **options)
+    return both_phases(host_phase_bytes(variables, sync, hosts, workers_per_host, **options))
+
+
+def both_phases(phases: List[List[Dict[str, float]]]) -> List[Dict[str, float]]:
+    """[{tx, rx}] per host of a step's phases added up."""
+    before, after = phases
     return [{d: b[d] + a[d] for d in ("tx", "rx")} for b, a in zip(before, after)]
 
 

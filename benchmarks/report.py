@@ -112,9 +112,9 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
             unique_pulls=parallax and "boundary_between_workers_and_servers" not in chief["ps_off"],
             summed_pushes=parallax and "local_aggregation" not in chief["ps_off"],
             loop_copies=parallax)
-        row["analytic"] = list(map(analytic.on_the_wire, analytic.host_bytes(**job)))
         row["analytic_phases"] = [list(map(analytic.on_the_wire, phase))
                                   for phase in analytic.host_phase_bytes(**job)]
+        row["analytic"] = analytic.both_phases(row["analytic_phases"])
         row["deviation"] = max(abs(m[d] / a[d] - 1) for m, a in zip(row["measured"],
                                                                     row["analytic"])
                                for d in ("tx", "rx") if a[d])
@@ -140,8 +140,8 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict,
     compute_ms = analytic.cost.shared_compute(
         single_ms, cpu_ms, summary["hosts"] * summary["workers_per_host"],
         summary.get("cores", os.cpu_count() or 1))
-    busiest = sum(max(link[d] for link in phase for d in ("tx", "rx"))
-                  for phase in analytic_phases)
+    busiest = analytic.cost.busiest_bytes(
+        [[(link["tx"], link["rx"]) for link in phase] for phase in analytic_phases])
     return compute_ms + 1000 * busiest / rate_bytes_per_second(summary["rate"])
 
 

@@ -166,9 +166,13 @@ def _added(phases: Tuple[Traffic, Traffic], more: Tuple[Traffic, Traffic]
                  for phase, add in zip(phases, more))
 
 
+def busiest_bytes(phases: Sequence[Traffic]) -> float:
+    """The bytes a step's phases cost in sequence: each phase's busiest link direction."""
+    return sum(max((max(link) for link in phase), default=0.0) for phase in phases)
+
+
 def _communication(phases: Tuple[Traffic, Traffic], rounds: int, links: Links) -> float:
-    busiest = sum(max((max(link) for link in phase), default=0.0) for phase in phases)
-    return busiest / links.bandwidth + rounds * links.latency
+    return busiest_bytes(phases) / links.bandwidth + rounds * links.latency
 
 
 BEAM = 16  # partial plans kept while choosing

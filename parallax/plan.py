@@ -280,5 +280,5 @@ def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[s
         phases = cost.link_phases(
             stats[name], method, shape, local_aggregation=plan.ps_config.local_aggregation,
             unique_pulls=plan.ps_config.boundary_between_workers_and_servers)
-        predicted[name] = sum(max(max(link) for link in traffic) for traffic in phases)
+        predicted[name] = cost.busiest_bytes(phases)
     return predicted
