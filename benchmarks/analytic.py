@@ -34,8 +34,8 @@ def both_phases(phases: List[List[Dict[str, float]]]) -> List[Dict[str, float]]:
 
 def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],
                      hosts: int, workers_per_host: int, unique_pulls: bool = False,
-                     summed_pushes: bool = False,
-                     loop_copies: bool = False) -> List[List[Dict[str, float]]]:
+                     summed_pushes: bool = False, loop_copies: bool = False,
+                     hierarchical_allreduce: bool = False) -> List[List[Dict[str, float]]]:
     """[{tx, rx}] per host in each of the step's two phases (cost.link_phases: the pulls before
     the compute, what follows it). `variables`: {name, bytes, rows, unique_rows, row_bytes,
     index_bytes, reads} (rows is None for a dense variable; unique_rows[k-1]: distinct ids in
@@ -53,7 +53,7 @@ def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[
         method = cost.Method(how, (server,) if how == PS else ())
         for links, traffic in zip(phases, cost.link_phases(
                 stats, method, cluster, local_aggregation=summed_pushes,
-                unique_pulls=unique_pulls)):
+                unique_pulls=unique_pulls, hierarchical_allreduce=hierarchical_allreduce)):
             for link, (sent, received) in zip(links, traffic):
                 link["tx"] += sent
                 link["rx"] += received

@@ -60,6 +60,12 @@ def placement(graph) -> Dict[str, Optional[int]]:
     return where
 
 
+def machine_stages(graph) -> bool:
+    """Whether the job allreduces in machine stages: Horovod allreduces of process sets."""
+    return any(op.type == "HorovodAllreduce" and op.get_attr("process_set_id")
+               for op in graph.get_operations())
+
+
 def add_arguments(parser) -> None:
     """The options every system's benchmark script takes."""
     parser.add_argument("--workload", required=True, choices=["cnn", "lm", "nmt", "tags"])

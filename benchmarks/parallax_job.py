@@ -24,6 +24,9 @@ def main():
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off (the Table 4 ablation)")
     parser.add_argument("--asynchronous", action="store_true", help="Config(sync=False)")
+    parser.add_argument("--flat-allreduce", action="store_true",
+                        help="Config(hierarchical_allreduce=False): one ring over all workers; "
+                        "by default as the cost model predicts faster")
     parser.add_argument("--straggler-ms", type=float, default=0,
                         help="the last worker sleeps this long in each of its steps")
     parser.add_argument("--profile-dir", help="profile the chief's last warm-up step there")
@@ -38,6 +41,7 @@ def main():
     config = parallax.Config(run_option=args.run_option, sess_config=session_config(),
                              ps_config=parallax.PSConfig(**{o: False for o in args.ps_off}),
                              sync=not args.asynchronous,
+                             hierarchical_allreduce=False if args.flat_allreduce else None,
                              profile_config=parallax.ProfileConfig(
                                  args.profile_dir, profile_steps=[max(args.warmup, 1)],
                                  profile_workers=[0]) if args.profile_dir else None)
@@ -52,7 +56,9 @@ def main():
     details = workload.details(1 if args.asynchronous else runner.num_workers)
     meter.measure(step, args.out, runner.is_chief, args.warmup, args.window, args.windows,
                   system="parallax", workers=runner.num_workers, run_option=args.run_option,
-                  ps_off=args.ps_off, placement=meter.placement(runner.transformed_graph),
+                  ps_off=args.ps_off,
+                  hierarchical_allreduce=meter.machine_stages(runner.transformed_graph),
+                  placement=meter.placement(runner.transformed_graph),
                   sync=runner.synchronization, asynchronous=args.asynchronous,
                   straggler_ms=args.straggler_ms, **details)
 

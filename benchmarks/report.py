@@ -29,9 +29,10 @@ SYSTEM_LABELS = {
     "ablation+hybrid": "+HYBRID",
     "ablation+local-aggregation": "+local aggregation",
     "ablation+post-aggregation-placement": "+post-aggregation placement",
+    "ablation+boundary": "+boundary placement",
 }
 ABLATION_ORDER = ["ablation-ps-base", "ablation+hybrid", "ablation+local-aggregation",
-                  "ablation+post-aggregation-placement", "parallax-hybrid"]
+                  "ablation+post-aggregation-placement", "ablation+boundary", "parallax-hybrid"]
 BASELINES = ["horovod", "horovod-sparse-as-dense", "tf-ps"]
 
 
@@ -111,7 +112,8 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
             workers_per_host=summary["workers_per_host"],
             unique_pulls=parallax and "boundary_between_workers_and_servers" not in chief["ps_off"],
             summed_pushes=parallax and "local_aggregation" not in chief["ps_off"],
-            loop_copies=parallax)
+            loop_copies=parallax,
+            hierarchical_allreduce=parallax and chief.get("hierarchical_allreduce", False))
         row["analytic_phases"] = [list(map(analytic.on_the_wire, phase))
                                   for phase in analytic.host_phase_bytes(**job)]
         row["analytic"] = analytic.both_phases(row["analytic_phases"])

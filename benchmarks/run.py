@@ -53,7 +53,7 @@ class Setup:
                          connect_timeout=5)
 
 
-def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0):
+def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_allreduce=False):
     def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
         resources = ";".join(
             f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
@@ -65,6 +65,8 @@ def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0):
             argv += ["--ps-off", *ps_off]
         if asynchronous:
             argv.append("--asynchronous")
+        if flat_allreduce:
+            argv.append("--flat-allreduce")
         if straggler_ms:
             argv += ["--straggler-ms", str(straggler_ms)]
         argv += ["--profile-dir", os.path.join(out, "profile")]  # where its step's time goes
@@ -123,11 +125,15 @@ SYSTEMS = {  # name -> how to start it
     "horovod-sparse-as-dense": _horovod(sparse_as_dense=True),
     "tf-ps": _tf_ps,
 }
-ABLATION = {  # Table 4, cumulative; the last stage is parallax-hybrid itself
-    "ablation-ps-base": _parallax("PS", PS_OFF_ALL),
-    "ablation+hybrid": _parallax("HYBRID", PS_OFF_ALL),
-    "ablation+local-aggregation": _parallax("HYBRID", PS_OFF_ALL[1:]),
-    "ablation+post-aggregation-placement": _parallax("HYBRID", PS_OFF_ALL[2:]),
+# Table 4, cumulative; the last stage, parallax-hybrid itself, adds the allreduce in machine
+# stages (Config.hierarchical_allreduce) to the paper's optimizations.
+ABLATION = {
+    "ablation-ps-base": _parallax("PS", PS_OFF_ALL, flat_allreduce=True),
+    "ablation+hybrid": _parallax("HYBRID", PS_OFF_ALL, flat_allreduce=True),
+    "ablation+local-aggregation": _parallax("HYBRID", PS_OFF_ALL[1:], flat_allreduce=True),
+    "ablation+post-aggregation-placement": _parallax("HYBRID", PS_OFF_ALL[2:],
+                                                     flat_allreduce=True),
+    "ablation+boundary": _parallax("HYBRID", flat_allreduce=True),
 }
 ABLATION_WORKLOADS = ("lm", "nmt")
 STRAGGLER_MS = 300  # the last worker's extra time in each of its steps
@@ -216,7 +222,9 @@ def main():
     parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
     parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt", "tags"],
                         choices=["cnn", "lm", "nmt", "tags"])
-    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS),
+                        choices=list({**SYSTEMS, **ABLATION, **STRAGGLER}),
+                        help="also single ablation or straggler stages")
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--no-straggler", action="store_true",
                         help="leave out the straggler rows (PS, synchronous and not)")
@@ -242,7 +250,7 @@ def main():
                        env=cluster_env, check=True, stdout=subprocess.DEVNULL)
         for workload in args.workloads:
             results.append(run_job("single", _single, setup, workload, args.out, args.timeout))
-            jobs = {name: SYSTEMS[name] for name in args.systems}
+            jobs = {name: {**SYSTEMS, **ABLATION, **STRAGGLER}[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:
                 jobs.update(ABLATION)
             if not args.no_straggler and workload in STRAGGLER_WORKLOADS:

@@ -116,9 +116,9 @@ def _start_worker(user_graph, analysis, config) -> ParallaxRunner:
         check_counts(user_graph, decision.partitions)
     plan = make_plan(analysis, config, cluster, run_index=next(_run_indices), decision=decision)
     if plan.uses_horovod:
-        import horovod.tensorflow as hvd  # only jobs with replicas join a Horovod job
+        from parallax.passes import machine_allreduce  # only jobs with replicas join Horovod
 
-        hvd.init()
+        machine_allreduce.init_horovod(cluster)
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
     graph = transform(copy_graph(user_graph), plan)

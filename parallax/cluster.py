@@ -33,6 +33,16 @@ class Cluster:
     def workers_on(self, machine: int) -> List[int]:
         return [w for w, m in enumerate(self.worker_machines) if m == machine]
 
+    def machine_groups(self) -> List[List[int]]:
+        """The worker groups of an allreduce in machine stages: the workers of each machine,
+        then for each position j the j-th worker of every machine. Empty unless there are
+        several machines with the same number (more than one) of workers each."""
+        machines = [self.workers_on(m) for m in range(self.num_machines)]
+        sizes = {len(workers) for workers in machines}
+        if len(machines) < 2 or len(sizes) > 1 or sizes == {1}:
+            return []
+        return machines + [list(group) for group in zip(*machines)]
+
     @property
     def is_chief(self) -> bool:
         return self.worker_id == 0

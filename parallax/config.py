@@ -81,6 +81,15 @@ class Config:
     redirect_path: a folder; when set, each process writes its output to its own log file
         there instead of streaming it to the driver's terminal.
     ps_config: options of the parameter-server path (PSConfig).
+    hierarchical_allreduce: allreduce dense gradients in machine stages (local aggregation for
+        replicated variables, passes/machine_allreduce.py): summed within each machine, then
+        across machines with each of a machine's G workers carrying 1/G of the sum, then shared
+        within the machine. A machine's link carries 2w(H-1)/H bytes of a w-byte gradient
+        instead of a ring's 2w(N-1)/N, for three Horovod collectives in sequence instead of
+        one. Possible where every machine has the same number of workers, more than one, on
+        more than one machine. None (default): where the cost model predicts it faster for the
+        bytes the plan allreduces (cost.machine_stages_pay); True: wherever possible; False:
+        one ring over all workers (Horovod's).
     ssh: how to reach remote hosts (runner.ssh.SSHConfig); by default from PARALLAX_SSH_*
         environment variables and the user's ~/.ssh/config.
     base_port: when set, each host's server and workers use consecutive ports from it;
@@ -122,6 +131,7 @@ class Config:
     sess_config: Optional[object] = None
     redirect_path: Optional[str] = None
     ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
+    hierarchical_allreduce: Optional[bool] = None
     ssh: Optional[SSHConfig] = None
     base_port: Optional[int] = None
     ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)

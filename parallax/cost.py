@@ -7,7 +7,9 @@ rows per worker and step (repeated ids counted), each `row_bytes` of values and 
 of index, and unique[k-1] distinct ids in k workers' batches (unique[0] = alpha * rows of the
 variable, the paper's alpha). The paper's Table 3, counted per machine link:
 
-- allreduce (ring over N workers, a machine's workers adjacent): 2w(N-1)/N each way;
+- allreduce (ring over N workers, a machine's workers adjacent): 2w(N-1)/N each way; in
+  machine stages (summed within each machine, then each of its G workers allreduces 1/G of the
+  sum across machines, passes/machine_allreduce.py): 2w(H-1)/H;
 - allgather (ring): every worker's rows with indices, q, reach every other worker: (N-1)q;
 - parameter server on machine s: each worker pulls p (the rows it reads; its unique rows
   when it asks for each once) and pushes q; s sends (N-G)p and receives (N-G)q, every other
@@ -84,15 +86,17 @@ Traffic = List[List[float]]  # per machine: [bytes sent, bytes received]
 
 
 def link_bytes(var: VariableStats, method: Method, cluster: Cluster,
-               local_aggregation: bool = True, unique_pulls: bool = True) -> Traffic:
+               local_aggregation: bool = True, unique_pulls: bool = True,
+               hierarchical_allreduce: bool = False) -> Traffic:
     """The bytes each machine's link sends and receives in one step for `var` under `method`."""
-    pull, push = link_phases(var, method, cluster, local_aggregation, unique_pulls)
+    pull, push = link_phases(var, method, cluster, local_aggregation, unique_pulls,
+                             hierarchical_allreduce)
     return [[p[0] + q[0], p[1] + q[1]] for p, q in zip(pull, push)]
 
 
 def link_phases(var: VariableStats, method: Method, cluster: Cluster,
-                local_aggregation: bool = True,
-                unique_pulls: bool = True) -> Tuple[Traffic, Traffic]:
+                local_aggregation: bool = True, unique_pulls: bool = True,
+                hierarchical_allreduce: bool = False) -> Tuple[Traffic, Traffic]:
     """link_bytes in the step's two phases: (pulls before the compute, what follows it)."""
     h, g, n = cluster.machines, cluster.workers_per_machine, cluster.workers
     before = [[0.0, 0.0] for _ in range(h)]
@@ -100,8 +104,9 @@ def link_phases(var: VariableStats, method: Method, cluster: Cluster,
     if h == 1:
         return before, after
     if method.how == ALLREDUCE:
+        ring = h if hierarchical_allreduce else n  # with G = 1 the same
         for link in after:
-            link[0] = link[1] = 2 * var.nbytes * (n - 1) / n
+            link[0] = link[1] = 2 * var.nbytes * (ring - 1) / ring
         return before, after
     if not var.sparse:
         pull, push = var.reads * var.nbytes, var.nbytes
@@ -134,6 +139,21 @@ def messages(var: VariableStats, method: Method, cluster: Cluster) -> int:
     if method.how in (ALLREDUCE, ALLGATHER):
         return 2 * (cluster.workers - 1) if method.how == ALLREDUCE else cluster.workers - 1
     return 2  # a push and a pull, to every shard at once
+
+
+# Machine stages are three Horovod collectives in sequence where a ring is one, each waiting for
+# a cycle of Horovod's background thread (5 ms, machine_allreduce.CYCLE_TIME_MS): measured on the
+# benchmark, 12 ms more a step on LM (66 kB fewer, 5 ms of link) and 25 ms less on NMT (411 kB).
+MACHINE_STAGES_SECONDS = 2 * 5e-3
+
+
+def machine_stages_pay(allreduced_bytes: float, cluster: Cluster, links: Links) -> bool:
+    """Whether a step's allreduces of `allreduced_bytes` in all, in machine stages, are faster
+    than in one ring: each machine link carries 2w(H-1)/H instead of 2w(N-1)/N, for two more
+    Horovod cycles."""
+    h, n = cluster.machines, cluster.workers
+    saved = 2 * allreduced_bytes * ((n - 1) / n - (h - 1) / h)
+    return saved / links.bandwidth > MACHINE_STAGES_SECONDS
 
 
 def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: int) -> float:

@@ -46,6 +46,8 @@ class Plan:
     decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
     # Config(sync=False): each worker updates the servers' variables with its own gradients
     asynchronous: bool = False
+    # dense gradients allreduced in machine stages (passes/machine_allreduce.py)
+    hierarchical_allreduce: bool = False
 
     @property
     def sync_batch_norm(self) -> bool:
@@ -114,7 +116,26 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
                 config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
                 analysis.batch_moments if config.sync_batch_norm else [],
-                analysis.averaged_writes, run_index, decision, not config.sync)
+                analysis.averaged_writes, run_index, decision, not config.sync,
+                _machine_stages(config, cluster, variables, decision))
+
+
+def _machine_stages(config: Config, cluster: Cluster, variables: Dict[str, VariablePlan],
+                    decision: Optional[Decision]) -> bool:
+    """Config.hierarchical_allreduce where the cluster allows it (Cluster.machine_groups); by
+    default, when the cost model predicts it faster for the bytes this plan allreduces."""
+    if not cluster.machine_groups() or config.hierarchical_allreduce is False:
+        return False
+    if config.hierarchical_allreduce:
+        return True
+    allreduced = sum(p.variable.nbytes for p in variables.values() if p.sync is Sync.ALLREDUCE)
+    links = decision.link_model() if decision is not None else cost.Links()
+    return cost.machine_stages_pay(allreduced, _cost_shape(cluster), links)
+
+
+def _cost_shape(cluster: Cluster) -> cost.Cluster:
+    return cost.Cluster(cluster.num_machines, max(len(cluster.workers_on(m))
+                                                  for m in range(cluster.num_machines)))
 
 
 def rule(run_option: str, info: VariableInfo) -> Sync:
@@ -255,7 +276,9 @@ def describe(plan: Plan) -> str:
     header = (f"Parallax plan: run_option={plan.run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
               + (", local aggregation"
-                 if plan.ps_config.local_aggregation and plan.cluster.servers else ""))
+                 if plan.ps_config.local_aggregation and plan.cluster.servers else "")
+              + (", allreduce in machine stages" if plan.hierarchical_allreduce
+                 and plan.with_sync(Sync.ALLREDUCE) else ""))
     if plan.asynchronous:
         header += ("\nasynchronous: each worker applies its own gradients to the servers' "
                    "variables as they arrive" + ("; dense variables are allreduced, in step"
@@ -270,15 +293,14 @@ def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[s
     (AUTO plans that measured `stats`)."""
     if not stats:
         return {}
-    shape = cost.Cluster(plan.cluster.num_machines,
-                         max(len(plan.cluster.workers_on(m))
-                             for m in range(plan.cluster.num_machines)))
+    shape = _cost_shape(plan.cluster)
     predicted = {}
     for name, var_plan in plan.variables.items():
         method = cost.Method(var_plan.sync.value,
                              (var_plan.server,) if var_plan.sync is Sync.PS else ())
         phases = cost.link_phases(
             stats[name], method, shape, local_aggregation=plan.ps_config.local_aggregation,
-            unique_pulls=plan.ps_config.boundary_between_workers_and_servers)
+            unique_pulls=plan.ps_config.boundary_between_workers_and_servers,
+            hierarchical_allreduce=plan.hierarchical_allreduce)
         predicted[name] = cost.busiest_bytes(phases)
     return predicted

@@ -2,8 +2,8 @@
 import pytest
 
 from parallax.cost import (ALLGATHER, ALLREDUCE, PS, Cluster, Links, Method, VariableStats,
-                           choose, link_bytes, link_phases, shared_compute,
-                           step_time)
+                           choose, link_bytes, link_phases, machine_stages_pay,
+                           shared_compute, step_time)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -15,6 +15,22 @@ SPARSE = VariableStats("e", nbytes=100 * 16, rows=10, row_bytes=16, index_bytes=
 
 def test_allreduce_moves_twice_the_variable_less_one_share_each_way():
     assert link_bytes(DENSE, Method(ALLREDUCE), TWO_BY_TWO) == [[1500.0, 1500.0]] * 2
+
+
+def test_allreduce_in_machine_stages_crosses_each_link_as_a_ring_of_machines():
+    # 2w(H-1)/H = 1000 each way, not 1500; with one worker a machine, the same as a ring.
+    assert link_bytes(DENSE, Method(ALLREDUCE), TWO_BY_TWO,
+                      hierarchical_allreduce=True) == [[1000.0, 1000.0]] * 2
+    four = Cluster(machines=4, workers_per_machine=1)
+    assert (link_bytes(DENSE, Method(ALLREDUCE), four, hierarchical_allreduce=True)
+            == link_bytes(DENSE, Method(ALLREDUCE), four, hierarchical_allreduce=False))
+
+
+def test_machine_stages_pay_when_the_bytes_saved_outweigh_two_horovod_cycles():
+    # 2 x 2 at 12.5 MB/s: a ring saves w/2 a link direction, 10 ms is 125 kB, so w > 250 kB.
+    assert not machine_stages_pay(240e3, TWO_BY_TWO, Links())
+    assert machine_stages_pay(260e3, TWO_BY_TWO, Links())
+    assert not machine_stages_pay(1e9, Cluster(machines=4, workers_per_machine=1), Links())
 
 
 def test_allgather_sends_every_workers_rows_to_every_other_worker():

@@ -30,6 +30,11 @@ JOBS = {
     "HYBRID-keras-embedding": ("keras-embedding", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
+    # Dense gradients allreduced in machine stages (passes/machine_allreduce.py).
+    "AR-machine-stages": ("dense", TWO_MACHINES, ["--run-option", "AR",
+                                                  "--hierarchical-allreduce"]),
+    "HYBRID-lstm-machine-stages": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID",
+                                                          "--hierarchical-allreduce"]),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
     "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from parallax.passes import row_sums
+from parallax.passes import machine_allreduce, row_sums
 from parallax.passes.rewire import record_aggregated, reroute
 from parallax.plan import Plan, Sync
 
@@ -24,19 +24,25 @@ def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
             op = hvd.Average if var_plan.average else hvd.Sum
             for record in var_plan.variable.gradients:
                 if record.is_sparse and var_plan.sync is Sync.ALLREDUCE:
-                    _aggregate_sparse_as_dense(graph, record, var_plan)
+                    _aggregate_sparse_as_dense(graph, record, var_plan, plan)
                 elif record.is_sparse:
                     _aggregate_sparse(graph, record, op)
                 else:
-                    _aggregate_dense(graph, record, op)
+                    _aggregate_dense(graph, record, op, plan)
     return graph
 
 
-def _aggregate_dense(graph, record, op):
+def _allreduce(tensor, op, plan: Plan):
+    if plan.hierarchical_allreduce:
+        return machine_allreduce.allreduce(tensor, op, plan.cluster)
+    return hvd.allreduce(tensor, op=op)
+
+
+def _aggregate_dense(graph, record, op, plan):
     grad = graph.get_tensor_by_name(record.dense)
     consumers = list(grad.consumers())
     with tf.device(grad.op.device):
-        aggregated = hvd.allreduce(grad, op=op)
+        aggregated = _allreduce(grad, op, plan)
     reroute(grad, aggregated, consumers)
     record_aggregated(grad, aggregated)
 
@@ -54,7 +60,7 @@ def _aggregate_sparse(graph, record, op):
         record_aggregated(old, new)
 
 
-def _aggregate_sparse_as_dense(graph, record, var_plan):
+def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
     """The slices summed into the variable's shape, with a count of rows, are allreduced; the
     rows any worker touched come out as slices again, so that the optimizer updates those rows
     only, as its sparse update on one device does (Adam's slots of other rows do not decay).
@@ -71,7 +77,7 @@ def _aggregate_sparse_as_dense(graph, record, var_plan):
         packed = tf.math.unsorted_segment_sum(tf.concat([flat, counts], 1), indices, rows)
         norm_row = tf.concat([tf.zeros([1, tf.shape(flat)[1]], values.dtype),
                               tf.reshape(row_sums.norm_share(values), [1, 1])], 1)
-        summed = hvd.allreduce(tf.concat([packed, norm_row], 0), op=hvd.Sum)
+        summed = _allreduce(tf.concat([packed, norm_row], 0), hvd.Sum, plan)
         touched = tf.where(summed[:rows, -1] > 0)[:, 0]
         aggregated, norm = tf.gather(summed[:rows, :-1], touched), summed[rows, -1]
         if var_plan.average:  # the mean loss's rows are each worker's over N

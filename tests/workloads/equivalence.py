@@ -199,6 +199,8 @@ def main():
     parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off")
+    parser.add_argument("--hierarchical-allreduce", action="store_true",
+                        help="Config(hierarchical_allreduce=True): machine stages wherever possible")
     args = parser.parse_args()
     if args.dense_ids:
         set_dense_ids()
@@ -206,6 +208,7 @@ def main():
     config_of_job = parallax.Config(
         run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
         search_partitions=args.search_partitions,
+        hierarchical_allreduce=True if args.hierarchical_allreduce else None,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
