@@ -125,8 +125,8 @@ SYSTEMS = {  # name -> how to start it
     "horovod-sparse-as-dense": _horovod(sparse_as_dense=True),
     "tf-ps": _tf_ps,
 }
-# Table 4, cumulative; the last stage, parallax-hybrid itself, adds the allreduce in machine
-# stages (Config.hierarchical_allreduce) to the paper's optimizations.
+# Table 4, cumulative, with one ring for the allreduce; the last stage, parallax-hybrid itself,
+# allreduces in machine stages where its cost model predicts them faster (Config's default).
 ABLATION = {
     "ablation-ps-base": _parallax("PS", PS_OFF_ALL, flat_allreduce=True),
     "ablation+hybrid": _parallax("HYBRID", PS_OFF_ALL, flat_allreduce=True),
