@@ -151,9 +151,11 @@ def machine_stages_pay(allreduced_bytes: float, cluster: Cluster, links: Links) 
     """Whether a step's allreduces of `allreduced_bytes` in all, in machine stages, are faster
     than in one ring: each machine link carries 2w(H-1)/H instead of 2w(N-1)/N, for two more
     Horovod cycles."""
-    h, n = cluster.machines, cluster.workers
-    saved = 2 * allreduced_bytes * ((n - 1) / n - (h - 1) / h)
-    return saved / links.bandwidth > MACHINE_STAGES_SECONDS
+    allreduced = VariableStats("allreduced", int(allreduced_bytes))
+    ring, stages = (busiest_bytes(link_phases(allreduced, Method(ALLREDUCE), cluster,
+                                              hierarchical_allreduce=hierarchical))
+                    for hierarchical in (False, True))
+    return (ring - stages) / links.bandwidth > MACHINE_STAGES_SECONDS
 
 
 def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: int) -> float:

@@ -37,13 +37,13 @@ def init_horovod(cluster: Cluster) -> None:
                             "was hvd.init called before parallax.get_runner?")
 
 
-def _process_set(cluster: Cluster, workers) -> hvd.ProcessSet:
-    """The process set of `workers`, one of cluster.machine_groups: Horovod numbers the sets
-    given to hvd.init from 1 in order (init_horovod checks it). A graph is also transformed
-    where Horovod has not started (the driver's AUTO probe, tests), so the number is not asked
-    of Horovod."""
-    process_set = hvd.ProcessSet(list(workers))
-    process_set.process_set_id = cluster.machine_groups().index(list(workers)) + 1
+def _process_set(groups, index: int) -> hvd.ProcessSet:
+    """The process set of cluster.machine_groups()[index]: Horovod numbers the sets given to
+    hvd.init from 1 in order (init_horovod checks it). A graph is also transformed where
+    Horovod has not started (the driver's AUTO probe, tests), so the number is not asked of
+    Horovod."""
+    process_set = hvd.ProcessSet(groups[index])
+    process_set.process_set_id = index + 1
     return process_set
 
 
@@ -54,10 +54,11 @@ def allreduce(tensor: tf.Tensor, op, cluster: Cluster) -> tf.Tensor:
     size = tensor.shape.num_elements()
     if size is None:
         return hvd.allreduce(tensor, op=op)
-    machine = cluster.workers_on(cluster.machine)
+    groups = cluster.machine_groups()  # each machine's workers, then each position's
+    machine = groups[cluster.machine]
     position = machine.index(cluster.worker_id)
-    peers = [cluster.workers_on(m)[position] for m in range(cluster.num_machines)]
-    within, across = _process_set(cluster, machine), _process_set(cluster, peers)
+    within = _process_set(groups, cluster.machine)
+    across = _process_set(groups, cluster.num_machines + position)
     start, end = size * position // len(machine), size * (position + 1) // len(machine)
     flat = tf.reshape(tensor, [size])
     summed = allreduce_op(flat, op=hvd.Sum, process_set=within)
