@@ -85,7 +85,8 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
             shape, links, within = launch.probe_cluster(resources, config)
             decision = decide(graph, analysis, shape, cost.Links(**links) if links else None,
                               config.run_option, config.search_partitions,
-                              cost.Links(**within) if within else None)
+                              cost.Links(**within) if within else None,
+                              config.hierarchical_allreduce)
         validate(analysis, config, decision)
         run_option = effective_run_option(config.run_option, analysis, decision)
         launch.run_driver(resources, config, run_option,

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from parallax import cost
 from parallax.analysis import GraphAnalysis
+from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
 from parallax.partitioner import DECISION_ENV, partitioned_variables
 from parallax.passes import row_sums
@@ -41,6 +42,8 @@ class Decision:
     step: Optional[float] = None  # seconds of a step of the chosen plan, as predicted
     # With search_partitions: [call, variable, shards] for each call of get_partitioner
     partitions: List[list] = dataclasses.field(default_factory=list)
+    # Allreduce in machine stages (Config.hierarchical_allreduce); None: not decided here
+    machine_stages: Optional[bool] = None
 
     def to_env(self) -> Dict[str, str]:
         return {DECISION_ENV: json.dumps(dataclasses.asdict(self))}
@@ -64,10 +67,12 @@ class Decision:
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
            links: Optional[cost.Links] = None, run_option: str = "AUTO",
            search_partitions: bool = False,
-           within_machine: Optional[cost.Links] = None) -> Decision:
+           within_machine: Optional[cost.Links] = None,
+           hierarchical_allreduce: Optional[bool] = None) -> Decision:
     """`links`: as measured between two machines (runner.link_probe); None: assumed.
     `within_machine`: the link probe's figures within one machine, for the record (the model
-    prices the links between machines only). Under
+    prices the links between machines only). `hierarchical_allreduce`: the Config's; None
+    (where the cluster allows machine stages) lets the cost model choose. Under
     another run option than AUTO the methods are its rule's, and only the servers, and with
     `search_partitions` the shards of parallax.get_partitioner's variables, are chosen."""
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
@@ -89,8 +94,12 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     counts = {group.name: range(group.min_partitions,
                                 max(group.min_partitions, shape.machines) + 1)
               for group in groups}
-    chosen = cost.choose(list(merged.values()), shape, links, shard_counts=counts,
-                         summable=summable, hows=hows)
+    machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
+    if not Cluster(machines).machine_groups():
+        hierarchical_allreduce = False
+    chosen, staged = cost.choose_with_allreduce_form(
+        list(merged.values()), shape, links, hierarchical_allreduce, shard_counts=counts,
+        summable=summable, hows=hows)
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups)
@@ -115,10 +124,11 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
                  f", {shape.workers_per_machine} sharing {cores} cores {1000 * compute:.0f} ms")
     else:
         note += f"; compute not measured ({compute_problem})"
-    step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0)
+    step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0,
+                          hierarchical_allreduce=staged)
     note += f"; predicted step {1000 * step:.0f} ms"
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
-                    compute, dataclasses.asdict(links), step, partitions)
+                    compute, dataclasses.asdict(links), step, partitions, staged)
 
 
 def _rate(bytes_per_second: float) -> str:

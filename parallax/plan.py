@@ -123,11 +123,14 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
 def _machine_stages(config: Config, cluster: Cluster, variables: Dict[str, VariablePlan],
                     decision: Optional[Decision]) -> bool:
     """Config.hierarchical_allreduce where the cluster allows it (Cluster.machine_groups); by
-    default, when the cost model predicts it faster for the bytes this plan allreduces."""
+    default, AUTO's decision, or when the cost model predicts it faster for the bytes this
+    plan allreduces."""
     if not cluster.machine_groups() or config.hierarchical_allreduce is False:
         return False
     if config.hierarchical_allreduce:
         return True
+    if decision is not None and decision.machine_stages is not None:
+        return decision.machine_stages
     allreduced = sum(p.variable.nbytes for p in variables.values() if p.sync is Sync.ALLREDUCE)
     links = decision.link_model() if decision is not None else cost.Links()
     return cost.machine_stages_pay(allreduced, _cost_shape(cluster), links)
@@ -195,12 +198,10 @@ def _check_no_conditional_server_writes(analysis, server_writes) -> None:
 
 
 def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:
-    """Largest first onto the least-loaded server: balances the bytes each server moves."""
-    load = [0] * max(num_servers, 1)
-    for var_plan in sorted(on_servers, key=lambda p: -p.variable.nbytes):
-        server = load.index(min(load))
-        var_plan.server = server
-        load[server] += var_plan.variable.nbytes
+    servers = cost.balance_by_bytes([(p.variable.name, p.variable.nbytes) for p in on_servers],
+                                    num_servers)
+    for var_plan in on_servers:
+        var_plan.server = servers[var_plan.variable.name]
 
 
 def _place_extra_state(analysis, variables, run_option) -> Dict[str, int]:

@@ -2,8 +2,8 @@
 import pytest
 
 from parallax.cost import (ALLGATHER, ALLREDUCE, PS, Cluster, Links, Method, VariableStats,
-                           choose, link_bytes, link_phases, machine_stages_pay,
-                           shared_compute, step_time)
+                           balance_by_bytes, choose, choose_with_allreduce_form, link_bytes,
+                           link_phases, machine_stages_pay, shared_compute, step_time)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -31,6 +31,37 @@ def test_machine_stages_pay_when_the_bytes_saved_outweigh_two_horovod_cycles():
     assert not machine_stages_pay(240e3, TWO_BY_TWO, Links())
     assert machine_stages_pay(260e3, TWO_BY_TWO, Links())
     assert not machine_stages_pay(1e9, Cluster(machines=4, workers_per_machine=1), Links())
+
+
+def test_a_step_in_machine_stages_pays_two_horovod_cycles_more():
+    # 1 MB: 80 ms of link, 6 messages of 0.2 ms in sequence (a ring's), and 10 ms of cycles.
+    dense = VariableStats("w", nbytes=1_000_000)
+    seconds = step_time({"w": Method(ALLREDUCE)}, {"w": dense}, TWO_BY_TWO, Links(),
+                        hierarchical_allreduce=True)
+    assert seconds == pytest.approx(0.080 + 6 * 200e-6 + 0.010)
+
+
+def test_cheaper_allreduces_in_machine_stages_can_turn_a_sparse_table_to_allreduce():
+    # Beside w's allreduce (1.5 MB a link direction in a ring, 1 MB in stages), t costs: as
+    # dense 300 kB in a ring, 200 kB in stages; on a server, 2 x 3125 unique rows x 16 = 100 kB
+    # of pulls, then a machine's 6250 summed rows x 24 = 150 kB of pushes; allgathered,
+    # 3 x 6000 rows x 24 = 432 kB.
+    dense = VariableStats("w", nbytes=1_000_000)
+    table = VariableStats("t", nbytes=200_000, rows=6000, row_bytes=16, index_bytes=8,
+                          unique=(3125, 6250, 9000, 12000))
+    ring, staged = choose_with_allreduce_form([dense, table], TWO_BY_TWO, Links(),
+                                              machine_stages=False)
+    assert (ring["t"].how, staged) == (PS, False)
+    # The ring's best is 1.75 MB (140 ms), the stages' 1.2 MB (96 ms, + 10 ms of cycles).
+    chosen, staged = choose_with_allreduce_form([dense, table], TWO_BY_TWO, Links())
+    assert (chosen["t"].how, staged) == (ALLREDUCE, True)
+
+
+def test_machine_stages_are_not_chosen_for_few_allreduced_bytes_unless_asked():
+    # 100 kB: 12 ms of link in a ring, 8 ms + 10 ms of cycles in stages.
+    small = [VariableStats("w", nbytes=100_000)]
+    assert choose_with_allreduce_form(small, TWO_BY_TWO, Links())[1] is False
+    assert choose_with_allreduce_form(small, TWO_BY_TWO, Links(), machine_stages=True)[1]
 
 
 def test_allgather_sends_every_workers_rows_to_every_other_worker():
@@ -142,8 +173,39 @@ def test_of_plans_equally_fast_the_fewest_shards():
 
 def test_tables_the_links_price_alike_are_spread_over_the_servers():
     # Four equal shards of which a batch reads few rows: every server is as fast for the
-    # links; they go two and two, as HYBRID's balance by bytes puts them.
+    # links; they go in turn, as HYBRID's balance by bytes puts them.
     shard = dict(nbytes=25_000 * 256, rows=100, row_bytes=256, unique=(90, 170, 240, 300))
     chosen = choose([VariableStats(f"part_{i}", **shard) for i in range(4)], TWO_BY_TWO,
                     Links())
-    assert sorted(m.servers[0] for m in chosen.values()) == [0, 0, 1, 1]
+    assert [chosen[f"part_{i}"].servers for i in range(4)] == [(0,), (1,), (0,), (1,)]
+
+
+def test_hybrids_placement_spreads_a_tables_equal_shards_over_the_servers_in_turn():
+    assert balance_by_bytes([("big", 10), ("t/0", 4), ("t/1", 4), ("t/2", 4)], 2) == {
+        "big": 0, "t/0": 1, "t/1": 1, "t/2": 1}  # largest first, each on the lighter server
+    assert balance_by_bytes([(f"t/{i}", 4) for i in range(4)], 2) == {
+        "t/0": 0, "t/1": 1, "t/2": 0, "t/3": 1}
+
+
+def test_of_placements_about_as_fast_auto_keeps_hybrids():
+    # Shards of one table, a little apart in their unique rows: the model would rather put
+    # the first two on one server (bytes a few percent more even), which it cannot tell from
+    # HYBRID's spread within its accuracy.
+    shards = [VariableStats(f"t/part_{i}", nbytes=1600, rows=10, row_bytes=16, index_bytes=8,
+                            unique=(u, u + 3, u + 6, u + 8)) for i, u in enumerate((8, 5, 6, 7))]
+    chosen = choose(shards, TWO_BY_TWO, Links())
+    assert [chosen[v.name].servers for v in shards] == [(0,), (1,), (0,), (1,)]
+
+
+def test_a_placement_much_faster_than_hybrids_is_kept():
+    # HYBRID balances bytes held: the large, little-read table on one server and both hot
+    # ones on the other, whose link then carries all their rows. The model splits the hot
+    # ones.
+    large = VariableStats("a", nbytes=10_000_000, rows=10, row_bytes=16, index_bytes=8,
+                          unique=(10, 20, 30, 40))
+    hot = [VariableStats(name, nbytes=1_000_000, rows=1000, row_bytes=16, index_bytes=8,
+                         unique=(1000, 2000, 3000, 4000)) for name in "bc"]
+    assert balance_by_bytes([(v.name, v.nbytes) for v in [large] + hot], 2) == {
+        "a": 0, "b": 1, "c": 1}
+    chosen = choose([large] + hot, TWO_BY_TWO, Links())
+    assert chosen["b"].servers != chosen["c"].servers

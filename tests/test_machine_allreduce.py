@@ -7,6 +7,7 @@ import parallax
 from conftest import load_workload
 from parallax import cost
 from parallax.analysis import analyze
+from parallax.auto import Decision
 from parallax.cluster import Cluster
 from parallax.passes import transform
 from parallax.plan import make_plan
@@ -25,11 +26,12 @@ def test_the_groups_are_each_machine_then_each_position_across_machines(machines
     assert Cluster(worker_machines=machines).machine_groups() == groups
 
 
-def _plan(model, hierarchical, worker_id=0):
+def _plan(model, hierarchical, worker_id=0, decision=None):
     graph, _, _ = equivalence.build(model, "sgd", 4, shard=False)
     config = parallax.Config(run_option="AR", hierarchical_allreduce=hierarchical)
     return graph, make_plan(analyze(graph), config,
-                            Cluster(worker_machines=[0, 0, 1, 1], worker_id=worker_id))
+                            Cluster(worker_machines=[0, 0, 1, 1], worker_id=worker_id),
+                            decision=decision)
 
 
 def test_by_default_a_plan_uses_machine_stages_when_the_bytes_saved_pay_for_them():
@@ -37,10 +39,18 @@ def test_by_default_a_plan_uses_machine_stages_when_the_bytes_saved_pay_for_them
     assert not _plan("dense", None)[1].hierarchical_allreduce
     assert _plan("dense", True)[1].hierarchical_allreduce
     assert not _plan("dense", False)[1].hierarchical_allreduce
-    assert not cost.machine_stages_pay(100e3, cost.Cluster(2, 2),
-                                                cost.Links())
-    assert cost.machine_stages_pay(800e3, cost.Cluster(2, 2),
-                                            cost.Links())
+    assert not cost.machine_stages_pay(100e3, cost.Cluster(2, 2), cost.Links())
+    assert cost.machine_stages_pay(800e3, cost.Cluster(2, 2), cost.Links())
+
+
+def test_a_plan_follows_autos_decision_on_machine_stages_unless_the_config_says():
+    def stages(hierarchical, decided):
+        decision = Decision(methods={}, stats={}, note="", machine_stages=decided)
+        return _plan("dense", hierarchical, decision=decision)[1].hierarchical_allreduce
+
+    assert stages(None, True) and not stages(None, False)
+    assert not stages(False, True) and stages(True, False)
+    assert not stages(None, None)  # not decided by the driver: the few kB do not pay
 
 
 @pytest.mark.parametrize("worker_id, within, across", [(0, 1, 3), (1, 1, 4), (2, 2, 3),
