@@ -134,7 +134,8 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict,
     """The step in the cost model's form (parallax/cost.py: compute, then each phase's busiest
     link direction at the link rate, no overlap): one worker's compute, its CPU time shared by
     all the workers (every emulated host is on this machine's cores; cost.shared_compute), and
-    the Table 3 bytes on the wire."""
+    the Table 3 bytes on the wire; not the messages' latency nor the Horovod cycles of machine
+    stages, which cost.step_time adds."""
     single_ms = _per_step_ms(single_chief)
     # Records from before the meter took CPU time: one core a worker.
     cpu_ms = (_per_step_ms(single_chief, "window_cpu_seconds")

@@ -26,7 +26,8 @@ before the compute (the rows of this step's batch, after the last step's update)
 pushes, allreduces and allgathers after it. Each phase takes as long as its busiest link
 direction: a server's machine sends in the first and receives in the second, so one machine
 serving much is paid for twice. The runtime runs them after the compute (`overlap`, the share
-of the shorter of compute and communication that is hidden, is 0 today).
+of the shorter of compute and communication that is hidden, is 0 today). Allreduce in machine
+stages costs two more cycles of Horovod's background thread (MACHINE_STAGES_SECONDS).
 """
 from __future__ import annotations
 
@@ -182,7 +183,10 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 
 
 def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
-                               machine_stages: Optional[bool] = None, **choose_options
+                               machine_stages: Optional[bool] = None,
+                               shard_counts: Optional[Dict[str, Sequence[int]]] = None,
+                               summable: Optional[Collection[str]] = None,
+                               hows: Optional[Dict[str, str]] = None
                                ) -> Tuple[Dict[str, Method], bool]:
     """`choose`, and whether allreduces go in machine stages: as `machine_stages` says when
     True or False; when None, the plan predicted faster of the best plan with a ring and the
@@ -190,7 +194,8 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster,
     by_name = {var.name: var for var in stats}
     fastest = None
     for staged in ((False, True) if machine_stages is None else (machine_stages,)):
-        choice = choose(stats, cluster, links, hierarchical_allreduce=staged, **choose_options)
+        choice = choose(stats, cluster, links, shard_counts, summable, hows,
+                        hierarchical_allreduce=staged)
         seconds = step_time(choice, by_name, cluster, links, hierarchical_allreduce=staged)
         if fastest is None or seconds < fastest[0]:
             fastest = (seconds, choice, staged)
@@ -216,11 +221,13 @@ def _communication(phases: Tuple[Traffic, Traffic], rounds: int, links: Links) -
     return busiest_bytes(phases) / links.bandwidth + rounds * links.latency
 
 
-def balance_by_bytes(sizes: Sequence[Tuple[str, int]], servers: int) -> Dict[str, int]:
-    """HYBRID's placement of variables of (name, bytes) on `servers` servers: largest first
-    onto the server holding the fewest bytes so far (of equals, the first in order), which
-    balances the bytes each server moves, and spreads a table's equal shards in turn."""
-    load = [0] * max(servers, 1)
+def balance_by_bytes(sizes: Sequence[Tuple[str, int]], servers: int,
+                     held: Optional[Sequence[float]] = None) -> Dict[str, int]:
+    """HYBRID's rule of placement for variables of (name, bytes) on `servers` servers that
+    already hold `held` bytes (none): largest first onto the server holding the fewest bytes
+    so far (of equals, the first), which balances the bytes each server moves; equal shards
+    of a table with nothing else between them alternate."""
+    load = list(held) if held is not None else [0] * max(servers, 1)
     placed = {}
     for name, nbytes in sorted(sizes, key=lambda item: -item[1]):
         placed[name] = load.index(min(load))
@@ -230,12 +237,17 @@ def balance_by_bytes(sizes: Sequence[Tuple[str, int]], servers: int) -> Dict[str
 
 def _with_balanced_servers(choice: Dict[str, Method], stats: Dict[str, VariableStats],
                           cluster: Cluster) -> Dict[str, Method]:
-    """`choice` with its variables on one server each placed as HYBRID places them
-    (balance_by_bytes)."""
+    """`choice` with its variables on one server each placed by HYBRID's rule
+    (balance_by_bytes), beside the shards of those split over several servers."""
     single = [name for name, method in choice.items()
               if method.how == PS and len(method.servers) == 1]
+    held = [0.0] * cluster.machines
+    for name, method in choice.items():
+        if method.how == PS and len(method.servers) > 1:
+            for server in method.servers:
+                held[server] += stats[name].nbytes / len(method.servers)
     servers = balance_by_bytes([(name, stats[name].nbytes) for name in single],
-                               cluster.machines)
+                               cluster.machines, held)
     return {**choice, **{name: Method(PS, (servers[name],)) for name in single}}
 
 
@@ -262,8 +274,9 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
     plans of least predicted time. A variable's best method depends on the others' (two tables
     balance on two servers where either alone would rather be allgathered), so the greedy
     choice of one would miss them. Of plans equally fast: the fewest shards, then the servers
-    holding the most even bytes. Then HYBRID's own placement of the variables on one server
-    each (balance_by_bytes) replaces the plan's, unless predicted PLACEMENT_MARGIN slower."""
+    holding the most even bytes. Then HYBRID's rule of placement for the variables on one
+    server each (balance_by_bytes) replaces the plan's, unless its communication is predicted
+    more than PLACEMENT_MARGIN slower."""
     # A partial plan: (its methods, their traffic, the longest chain of messages, the bytes
     # each machine serves).
     beam = [((), _no_traffic(cluster), 0, (0.0,) * cluster.machines)]

@@ -129,8 +129,9 @@ def _machine_stages(config: Config, cluster: Cluster, variables: Dict[str, Varia
         return False
     if config.hierarchical_allreduce:
         return True
-    if decision is not None and decision.machine_stages is not None:
-        return decision.machine_stages
+    if (decision is not None and decision.machine_stages is not None
+            and all(name in decision.methods for name in variables)):
+        return decision.machine_stages  # for this graph (not one built after it)
     allreduced = sum(p.variable.nbytes for p in variables.values() if p.sync is Sync.ALLREDUCE)
     links = decision.link_model() if decision is not None else cost.Links()
     return cost.machine_stages_pay(allreduced, _cost_shape(cluster), links)
@@ -198,6 +199,7 @@ def _check_no_conditional_server_writes(analysis, server_writes) -> None:
 
 
 def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:
+    """Largest first onto the least-loaded server (cost.balance_by_bytes)."""
     servers = cost.balance_by_bytes([(p.variable.name, p.variable.nbytes) for p in on_servers],
                                     num_servers)
     for var_plan in on_servers:

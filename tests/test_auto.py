@@ -80,7 +80,8 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     stats = decision.variable_stats()
     chosen = {name: cost.Method(m["how"], (m["server"],) if m["server"] is not None else ())
               for name, m in decision.methods.items()}
-    communication = cost.step_time(chosen, stats, cost.Cluster(2, 2), cost.Links(bandwidth=1e6))
+    communication = cost.step_time(chosen, stats, cost.Cluster(2, 2), cost.Links(bandwidth=1e6),
+                                   hierarchical_allreduce=decision.machine_stages)
     assert decision.step == pytest.approx(decision.compute + communication)
     assert "one worker's step alone" in decision.note and "predicted step" in decision.note
     assert "ms of CPU), 2 sharing" in decision.note  # two workers a machine share its cores
@@ -114,3 +115,11 @@ def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predi
     # w: 2 * 256 bytes * 3/4 each way; the table's pulls and pushes: much of the step
     assert float(w_cells[-2]) == 384
     assert int(table_cells[-1].rstrip("%")) > 25
+
+
+def test_a_decision_reaches_the_workers_whole(monkeypatch):
+    decision = Decision({"table": {"how": cost.PS, "server": 1}}, {}, "why",
+                        partitions=[[0, "table", 2]], machine_stages=True)
+    for name, value in decision.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert Decision.from_env() == decision

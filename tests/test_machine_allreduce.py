@@ -44,13 +44,17 @@ def test_by_default_a_plan_uses_machine_stages_when_the_bytes_saved_pay_for_them
 
 
 def test_a_plan_follows_autos_decision_on_machine_stages_unless_the_config_says():
-    def stages(hierarchical, decided):
-        decision = Decision(methods={}, stats={}, note="", machine_stages=decided)
+    graph, _ = _plan("dense", None)
+    methods = {name: {"how": "allreduce", "server": None} for name in analyze(graph).variables}
+
+    def stages(hierarchical, decided, decided_for=methods):
+        decision = Decision(methods=decided_for, stats={}, note="", machine_stages=decided)
         return _plan("dense", hierarchical, decision=decision)[1].hierarchical_allreduce
 
     assert stages(None, True) and not stages(None, False)
     assert not stages(False, True) and stages(True, False)
-    assert not stages(None, None)  # not decided by the driver: the few kB do not pay
+    # Not decided by the driver, or for another graph: the few kB do not pay.
+    assert not stages(None, None) and not stages(None, True, decided_for={})
 
 
 @pytest.mark.parametrize("worker_id, within, across", [(0, 1, 3), (1, 1, 4), (2, 2, 3),
