@@ -142,6 +142,7 @@ STRAGGLER = {  # issue 12: where asynchronous training pays, one worker much slo
     "parallax-ps-async-straggler": _parallax("PS", asynchronous=True, straggler_ms=STRAGGLER_MS),
 }
 STRAGGLER_WORKLOADS = ("lm",)
+EVERY_JOB = {**SYSTEMS, **ABLATION, **STRAGGLER}  # what --systems may name
 
 
 def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
@@ -223,7 +224,7 @@ def main():
     parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt", "tags"],
                         choices=["cnn", "lm", "nmt", "tags"])
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS),
-                        choices=list({**SYSTEMS, **ABLATION, **STRAGGLER}),
+                        choices=list(EVERY_JOB),
                         help="also single ablation or straggler stages")
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--no-straggler", action="store_true",
@@ -250,7 +251,7 @@ def main():
                        env=cluster_env, check=True, stdout=subprocess.DEVNULL)
         for workload in args.workloads:
             results.append(run_job("single", _single, setup, workload, args.out, args.timeout))
-            jobs = {name: {**SYSTEMS, **ABLATION, **STRAGGLER}[name] for name in args.systems}
+            jobs = {name: EVERY_JOB[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:
                 jobs.update(ABLATION)
             if not args.no_straggler and workload in STRAGGLER_WORKLOADS:
