@@ -5,13 +5,16 @@ synchronized, on which servers, and in how many shards parallax.get_partitioner'
 stored. The decision reaches every process of the job in its environment, so that all of them
 build the same graph and plan.
 
-The probe reads the input the graph reads itself (tf.data, as `parallax.shard` expects); a
-graph fed through feed_dict cannot be measured before it runs, and gets HYBRID's rule. The same
+The probe reads the input the graph reads itself (tf.data, as `parallax.shard` expects, or a
+queue-based pipeline, whose queue runners it starts and stops); a graph fed through feed_dict
+cannot be measured before it runs, and gets HYBRID's rule, as does one whose input the driver
+waits for longer than PROBE_RUN_SECONDS. The same
 session times the training step of one worker alone (every update the graph makes from its
 gradients, on one batch), for the predicted step time that `runner.describe()` reports.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -78,7 +81,13 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
     measured = links is not None
     links = links or cost.Links()
-    stats, problem = measure(graph, analysis, shape.workers)
+    try:
+        with _probe_session(graph) as session:
+            stats, problem = measure(session, analysis, shape.workers)
+            if not problem:
+                timed, compute_problem = measure_compute(session, analysis)
+    except tf.errors.OpError as error:  # in the initializers
+        stats, problem = {}, _probe_failure(error, "the graph could not be initialized")
     if problem:
         methods = {name: {"how": rule(run_option, info).value, "server": None}
                    for name, info in analysis.variables.items()}
@@ -105,7 +114,6 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     chosen, stats = _split_shards(chosen, merged, groups)
     methods = {name: {"how": method.how, "server": method.servers[0] if method.servers
                       else None} for name, method in chosen.items()}
-    timed, compute_problem = measure_compute(graph, analysis)
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
             f"links {'measured' if measured else 'assumed'}: "
             f"{_rate(links.bandwidth)}, {links.latency * 1e6:.3g} us")
@@ -175,49 +183,39 @@ def _split_shards(chosen, merged, groups):
     return chosen, stats
 
 
-def measure_compute(graph: tf.Graph, analysis: GraphAnalysis, steps: int = 3
+def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, steps: int = 3
                     ) -> Tuple[Optional[Tuple[float, float]], Optional[str]]:
     """Seconds of one training step on one worker's batch, alone, of wall time and of this
     process's CPU time: every update the graph makes from its gradients, run after one warm-up
     step; the medians of `steps`. Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
-    initializers = [v.initializer for v in graph.get_collection(
-        tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(
-        tf.compat.v1.GraphKeys.LOCAL_VARIABLES)]
-    initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     seconds, cpu_seconds = [], []
-    with tf.compat.v1.Session(graph=graph, config=config) as session:
-        try:
-            session.run(initializers)
-            for _ in range(steps + 1):
-                start, cpu_start = time.perf_counter(), time.process_time()
-                session.run(writes)
-                seconds.append(time.perf_counter() - start)
-                cpu_seconds.append(time.process_time() - cpu_start)
-        except tf.errors.OpError as error:
-            return None, f"the step could not run before the job: {error.message.splitlines()[0]}"
+    try:
+        for _ in range(steps + 1):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            session.run(writes)
+            seconds.append(time.perf_counter() - start)
+            cpu_seconds.append(time.process_time() - cpu_start)
+    except tf.errors.OpError as error:
+        return None, _probe_failure(error, "the step could not run before the job")
     return (statistics.median(seconds[1:]), statistics.median(cpu_seconds[1:])), None
 
 
-def measure(graph: tf.Graph, analysis: GraphAnalysis,
+def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,
             batches: int) -> Tuple[Dict[str, cost.VariableStats], Optional[str]]:
     """Each variable's statistics; for a sparse one the ids its gradients carry in `batches`
     consecutive batches (as many as the job's workers take in one step). Or why it cannot."""
-    sparse = {v.name: [graph.get_tensor_by_name(r.indices) for r in v.gradients if r.is_sparse]
-              for v in analysis.sparse}
+    sparse = {v.name: [session.graph.get_tensor_by_name(r.indices) for r in v.gradients
+                       if r.is_sparse] for v in analysis.sparse}
     ids: Dict[str, List[np.ndarray]] = {name: [] for name in sparse}
-    if sparse:
-        config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-        with tf.compat.v1.Session(graph=graph, config=config) as session:
-            try:
-                for _ in range(batches):
-                    for name, values in session.run(sparse).items():
-                        ids[name].append(np.concatenate([v.ravel() for v in values]))
-            except tf.errors.InvalidArgumentError as error:
-                return {}, f"the input could not be read before the job ({error.message})"
-            except tf.errors.OpError as error:
-                return {}, f"the probe of the input failed: {error.message.splitlines()[0]}"
+    try:
+        for _ in range(batches if sparse else 0):
+            for name, values in session.run(sparse).items():
+                ids[name].append(np.concatenate([v.ravel() for v in values]))
+    except tf.errors.InvalidArgumentError as error:
+        return {}, f"the input could not be read before the job ({error.message})"
+    except tf.errors.OpError as error:
+        return {}, _probe_failure(error, "the probe of the input failed")
     stats = {}
     for info in analysis.variables.values():
         if info.name not in ids:
@@ -234,3 +232,39 @@ def measure(graph: tf.Graph, analysis: GraphAnalysis,
             row_bytes=row_bytes, index_bytes=sparse[info.name][0].dtype.size,
             unique=tuple(unique))
     return stats, None
+
+
+# A probe run waiting longer than this waits for input the driver cannot read (a queue that
+# only the workers' code fills, a socket): the launch goes on without the measurement.
+PROBE_RUN_SECONDS = 120
+
+
+@contextlib.contextmanager
+def _probe_session(graph: tf.Graph):
+    """A session of the graph as written, in the driver, as a worker's runner would start it:
+    variables, local variables and tables initialized, queue runners (shuffle_batch,
+    string_input_producer) started, and stopped at exit."""
+    initializers = [v.initializer for v in graph.get_collection(
+        tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(
+        tf.compat.v1.GraphKeys.LOCAL_VARIABLES)]
+    initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
+                                      operation_timeout_in_ms=PROBE_RUN_SECONDS * 1000)
+    coordinator = tf.compat.v1.train.Coordinator()
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        session.run(initializers)
+        with graph.as_default():
+            threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator,
+                                                             daemon=True)
+        try:
+            yield session
+        finally:
+            coordinator.request_stop()
+            coordinator.join(threads, stop_grace_period_secs=10)
+
+
+def _probe_failure(error: tf.errors.OpError, failed: str) -> str:
+    if isinstance(error, tf.errors.DeadlineExceededError):
+        return (f"{failed}: a run waited more than {PROBE_RUN_SECONDS} s (for input only the "
+                "workers can read?)")
+    return f"{failed}: {error.message.splitlines()[0]}"

@@ -1,10 +1,12 @@
 """run_option='AUTO' in the driver: the probe of the input and the decision it leads to."""
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import parallax  # noqa: F401  (records gradients)
-from parallax import cost
+from parallax import auto, cost
 from parallax.analysis import analyze
 from parallax.auto import Decision, decide
 from parallax.cluster import Cluster
@@ -70,6 +72,40 @@ def test_a_fed_graph_gets_hybrids_rule_and_says_why():
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note.startswith("HYBRID's rule: the input could not be read")
 
+
+
+def _queue_graph(fill_queue=True):
+    """Ids from a queue-based pipeline as TF1 tutorials build it (shuffle_batch and its queue
+    runners), or from a queue that nothing in the graph fills."""
+    graph = tf.Graph()
+    with graph.as_default():
+        if fill_queue:
+            ids = tf.compat.v1.train.shuffle_batch(
+                [tf.random.uniform([], 0, 1000, tf.int64, seed=1)], batch_size=64,
+                capacity=256, min_after_dequeue=64, seed=1)
+        else:
+            ids = tf.queue.FIFOQueue(8, [tf.int64], shapes=[[64]]).dequeue()
+        table = tf.compat.v1.get_variable("table", [1000, 8])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    return graph
+
+
+def test_a_queue_based_input_is_read_with_its_queue_runners_started_and_stopped():
+    graph = _queue_graph()
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.variable_stats()["table"].rows == 64
+    assert decision.compute is not None and "one worker's step alone" in decision.note
+    assert not [t for t in threading.enumerate() if t.name.startswith("QueueRunnerThread")]
+
+
+def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monkeypatch):
+    monkeypatch.setattr(auto, "PROBE_RUN_SECONDS", 1)
+    graph = _queue_graph(fill_queue=False)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
+    assert decision.note == ("HYBRID's rule: the probe of the input failed: a run waited more "
+                             "than 1 s (for input only the workers can read?)")
 
 def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     graph = _graph(vocab=100_000, ids_per_batch=500)
