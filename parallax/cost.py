@@ -150,13 +150,14 @@ MACHINE_STAGES_SECONDS = 2 * 5e-3
 
 def machine_stages_pay(allreduced_bytes: float, cluster: Cluster, links: Links) -> bool:
     """Whether a step's allreduces of `allreduced_bytes` in all, in machine stages, are faster
-    than in one ring: each machine link carries 2w(H-1)/H instead of 2w(N-1)/N, for two more
-    Horovod cycles."""
-    allreduced = VariableStats("allreduced", int(allreduced_bytes))
-    ring, stages = (busiest_bytes(link_phases(allreduced, Method(ALLREDUCE), cluster,
-                                              hierarchical_allreduce=hierarchical))
-                    for hierarchical in (False, True))
-    return (ring - stages) / links.bandwidth > MACHINE_STAGES_SECONDS
+    than in one ring (step_time: each machine link carries 2w(H-1)/H instead of 2w(N-1)/N, for
+    two more Horovod cycles). Without AUTO's measurements the plan's other traffic is not
+    known; AUTO compares whole plans (choose_with_allreduce_form)."""
+    stats = {"allreduced": VariableStats("allreduced", int(allreduced_bytes))}
+    choice = {"allreduced": Method(ALLREDUCE)}
+    ring, stages = (step_time(choice, stats, cluster, links, hierarchical_allreduce=staged)
+                    for staged in (False, True))
+    return stages < ring
 
 
 def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: int) -> float:
