@@ -35,6 +35,12 @@ JOBS = {
                                                   "--hierarchical-allreduce"]),
     "HYBRID-lstm-machine-stages": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID",
                                                           "--hierarchical-allreduce"]),
+    # Ids made unique before the lookup (embedding_lookup_sparse): one device's gradient has
+    # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
+    "AR-lookup-sparse": ("lookup-sparse", "localhost:0,1", ["--run-option", "AR"]),
+    "HYBRID-lookup-sparse": ("lookup-sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
+    "PS-lookup-sparse-no-local-aggregation": ("lookup-sparse", TWO_MACHINES, [
+        "--run-option", "PS", "--ps-off", "local_aggregation"]),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
     "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
@@ -102,19 +108,22 @@ def test_sum_aggregation_is_single_device_on_the_summed_loss(tmp_path, run_optio
                                    err_msg=name)
 
 
-@pytest.mark.parametrize("dense_ids", [True, False], ids=["nearly-dense", "sparse"])
-def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkeypatch,
+@pytest.mark.parametrize("model,dense_ids", [("sparse", True), ("sparse", False),
+                                             ("lookup-sparse", True)],
+                         ids=["nearly-dense", "sparse", "nearly-dense-unique-ids"])
+def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkeypatch, model,
                                                                  dense_ids):
     """run_option='AUTO' on 2 machines x 2 workers: an embedding whose every row is in every
     batch is allreduced (its slices summed to dense and back, so Adam and momentum update the
     touched rows only, as on one device); one read a little goes to a parameter server."""
     configs = ["adam", "momentum+clip", "sgd"] if dense_ids else ["adam"]
-    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", "sparse",
+    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", model,
                      "--resources", TWO_MACHINES, "--run-option", "AUTO", "--out",
                      str(tmp_path), "--configs", *configs,
                      *(["--dense-ids"] if dense_ids else []), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    plan = [line for line in result.stdout.splitlines() if "] embedding " in line][0]
+    plan = [line for line in result.stdout.splitlines()
+            if "] embedding " in line or "] embedding/part_0 " in line][0]
     assert ("allreduce" if dense_ids else "parameter server") in plan, result.stdout[-3000:]
     assert "AUTO: cost model" in result.stdout
     if dense_ids:
@@ -122,7 +131,7 @@ def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkey
         monkeypatch.setattr(equivalence, "ID_RANGE", equivalence.VOCAB)
     for config in configs:
         expected, _ = equivalence.train_single_device(
-            "sparse", config, 4 * equivalence.BATCH_PER_WORKER)
+            model, config, 4 * equivalence.BATCH_PER_WORKER)
         for worker in range(4):
             saved = np.load(tmp_path / f"{config}.worker{worker}.npz")
             for name, value in expected.items():

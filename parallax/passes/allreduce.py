@@ -55,7 +55,10 @@ def _aggregate_sparse(graph, record, op):
     consumers = {t: list(t.consumers()) for t in (values, indices)}
     with tf.device(values.op.device):
         aggregated = hvd.allreduce(tf.IndexedSlices(values, indices, dense_shape), op=op)
-    for old, new in ((values, aggregated.values), (indices, aggregated.indices)):
+        gathered = [aggregated.values, aggregated.indices]
+        if row_sums.rows_unique_per_batch(indices):
+            gathered = row_sums.one_row_per_id(gathered)
+    for old, new in zip((values, indices), gathered):
         reroute(old, new, consumers[old])
         record_aggregated(old, new)
 
@@ -90,7 +93,8 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
     for old, new in ((values, new_values), (indices, new_indices)):
         reroute(old, new, consumers[old])
         record_aggregated(old, new)
-    row_sums.use_carried_norm(consumers[values], norm)
+    if not row_sums.rows_unique_per_batch(indices):  # else the norm is of the summed rows
+        row_sums.use_carried_norm(consumers[values], norm)
 
 
 def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:

@@ -81,9 +81,11 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 else:
                     push, producers = queue.enqueue(pushed), cluster.num_workers
                 graph.add_to_collection(PUSH_COLLECTION, push)
+                one_row_per_id = (record.is_sparse
+                                  and row_sums.rows_unique_per_batch(parts[1]))
                 with tf.device(device):
                     aggregated = _aggregate(queue, pushed, producers, push, var_plan.average,
-                                            key, cluster)
+                                            one_row_per_id, key, cluster)
                 for old, new, old_consumers in zip(parts, aggregated, consumers):
                     reroute(old, new, old_consumers)
                     record_aggregated(old, new, trigger=None if cluster.is_chief else push,
@@ -102,12 +104,15 @@ def _outgoing(parts, plan: Plan):
     return parts
 
 
-def _aggregate(queue, pushed, producers, own_push, average, key, cluster):
+def _aggregate(queue, pushed, producers, own_push, average, one_row_per_id, key, cluster):
     """The step's aggregate: taken from the queue by the chief, which also stores it in mirror
-    variables; read from those by the other workers."""
+    variables; read from those by the other workers. `one_row_per_id`: summed by id, as
+    single-device training sees a gradient of unique ids (row_sums.rows_unique_per_batch)."""
     mirrors = _mirror_variables(pushed, key)
     if cluster.is_chief:
         aggregated = _take(queue, pushed, producers, own_push, average, cluster.num_workers)
+        if one_row_per_id:
+            aggregated = row_sums.one_row_per_id(aggregated)
         # Whatever follows the aggregate follows its mirror's write: the release of the step.
         mirrored = []
         for mirror, value in zip(mirrors, aggregated):

@@ -4,7 +4,12 @@ worker sums its rows of one id, and each machine the rows of its workers, so a r
 travels. That leaves the update unchanged where the model only adds rows into the variable
 (every optimizer sums the rows of one id first) and takes the gradient's L2 norm
 (clip_by_global_norm): the norm single-device training sees is over every row, and is carried
-beside the summed rows as each worker's share (a sum of squares adds up across workers)."""
+beside the summed rows as each worker's share (a sum of squares adds up across workers).
+
+Unless the model made its ids unique before the lookup (tf.unique; embedding_lookup_sparse does
+it): then single-device training sees one row per id of the combined batch, the sum of every
+worker's rows of that id, and its norm is of those sums. Such an aggregate is summed by id
+wherever it is complete (one_row_per_id), and its norm taken there."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -16,6 +21,32 @@ _ROW_ADDERS = frozenset({"UnsortedSegmentSum", "Unique", "ResourceScatterAdd",
                          "ResourceScatterSub", "ScatterAdd", "ScatterSub"})
 # Elementwise by a scalar (a clip factor, an average): summing rows commutes with them.
 _SCALINGS = frozenset({"Mul", "RealDiv", "Neg", "Identity"})
+
+
+_UNIQUE_OPS = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2"})
+
+
+def rows_unique_per_batch(indices: tf.Tensor) -> bool:
+    """Whether a gradient's ids derive from unique ids (tf.unique's first output): a lookup of
+    deduplicated ids, through any ops (the shards of a partitioned table take them apart)."""
+    seen, stack = set(), [indices]
+    while stack:
+        tensor = stack.pop()
+        if tensor.op.type in _UNIQUE_OPS and tensor.value_index == 0:
+            return True
+        if tensor.op not in seen:
+            seen.add(tensor.op)
+            stack.extend(tensor.op.inputs)
+    return False
+
+
+def one_row_per_id(aggregated):
+    """A complete aggregate of a gradient with rows_unique_per_batch as single-device training
+    has it: [values, ids] summed by id; a carried norm share, that of the summed rows."""
+    rows = sum_rows(*aggregated[:2])
+    if carries_norm(aggregated):
+        rows.append(norm_share(rows[0]))
+    return rows
 
 
 def rows_can_be_summed(values: tf.Tensor, indices: tf.Tensor) -> bool:

@@ -115,12 +115,25 @@ def build(model, config, batch, shard, loss_scale=1.0):
                 partitioner=parallax.get_partitioner(MIN_PARTITIONS))
             looked_up = tf.compat.v1.nn.embedding_lookup(embedding, inputs["ids"],
                                                          partition_strategy="div")
+        elif model == "lookup-sparse":
+            # As recommendation models look features up: embedding_lookup_sparse makes the ids
+            # unique first (one gradient row per distinct id), here in a table of two shards.
+            embedding = tf.compat.v1.get_variable(
+                "embedding", [VOCAB, EMBED], initializer=_sliced_initial([VOCAB, EMBED], 1),
+                partitioner=tf.compat.v1.fixed_size_partitioner(2))
+            ids = inputs["ids"]
+            sparse_ids = tf.SparseTensor(tf.where(tf.ones_like(ids, tf.bool)),
+                                         tf.reshape(ids, [-1]), tf.shape(ids, out_type=tf.int64))
+            summary = tf.compat.v1.nn.embedding_lookup_sparse(embedding, sparse_ids, None,
+                                                              combiner="mean")
         elif model == "keras-embedding":
             looked_up = keras.layers.Embedding(
                 VOCAB, EMBED, embeddings_initializer=_keras_initial([VOCAB, EMBED], 1))(
                 inputs["ids"])
         if model in ("sparse", "lstm", "partitioned", "keras-embedding", "two-tables"):
             summary = _lstm(looked_up) if model == "lstm" else tf.reduce_mean(looked_up, axis=1)
+        if model in ("sparse", "lstm", "partitioned", "keras-embedding", "two-tables",
+                     "lookup-sparse"):
             features = tf.concat([features, summary], axis=1)
         if model == "two-tables":
             tags = tf.compat.v1.get_variable(
@@ -186,7 +199,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True,
                         choices=["dense", "sparse", "keras", "keras-embedding", "lstm",
-                                 "partitioned", "two-tables"])
+                                 "partitioned", "two-tables", "lookup-sparse"])
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
