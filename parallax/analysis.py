@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -65,6 +65,9 @@ class GraphAnalysis:
     # (mean, variance) op names of each batch's moments (tf.nn.moments over the batch axis).
     batch_moments: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     fused_batch_norms: List[str] = dataclasses.field(default_factory=list)  # in training mode
+    # Training writes the gradients wait for (a control dependency or a data path: an EMA in
+    # UPDATE_OPS before minimize): no parameter server may hold what they write.
+    before_gradients: Set[str] = dataclasses.field(default_factory=set)
 
     def inputs_of_updates(self, variable: str) -> set:
         return self.update_reads.get(variable, set())
@@ -143,8 +146,23 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     fused = [op.name for op in graph.get_operations()
              if op.type.startswith("FusedBatchNorm")
              and not op.type.startswith("FusedBatchNormGrad") and op.get_attr("is_training")]
+    ahead = _upstream_ops(gradient_tensors)
+    before_gradients = {w for ops in writes.values() for w in ops
+                        if graph.get_operation_by_name(w) in ahead}
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
-                         batch_moments(graph), fused)
+                         batch_moments(graph), fused, before_gradients)
+
+
+def _upstream_ops(tensors) -> set:
+    """Every op the tensors wait for, by data or control."""
+    ahead, stack = set(), [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            if parent not in ahead:
+                ahead.add(parent)
+                stack.append(parent)
+    return ahead
 
 
 # The writes whose value can be averaged over workers: the value is their second input.

@@ -99,7 +99,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     hows = {} if run_option == "AUTO" else {
         name: rule(run_option, info).value for name, info in analysis.variables.items()}
     groups = partitioned_variables(graph) if search_partitions else []
-    merged = _merge_shards(stats, groups, summable, hows)
+    off_servers = _kept_off_servers(analysis) if run_option == "AUTO" else set()
+    merged = _merge_shards(stats, groups, summable, hows, off_servers)
     counts = {group.name: range(group.min_partitions,
                                 max(group.min_partitions, shape.machines) + 1)
               for group in groups}
@@ -108,7 +109,7 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
         hierarchical_allreduce = False
     chosen, staged = cost.choose_with_allreduce_form(
         list(merged.values()), shape, links, hierarchical_allreduce, shard_counts=counts,
-        summable=summable, hows=hows)
+        summable=summable, hows=hows, off_servers=off_servers)
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups)
@@ -148,7 +149,17 @@ def _rule_name(run_option: str) -> str:
     return f"{'HYBRID' if run_option == 'AUTO' else run_option}'s rule"
 
 
-def _merge_shards(stats, groups, summable, hows) -> Dict[str, cost.VariableStats]:
+def _kept_off_servers(analysis: GraphAnalysis) -> set:
+    """Variables whose updates, or their extra state's (a moving average), the gradients wait
+    for: make_plan refuses them on a server, where they would wait for the step's end."""
+    writes = {name: set(info.update_ops) for name, info in analysis.variables.items()}
+    for state in analysis.extra_state.values():
+        if state.owner in writes:
+            writes[state.owner].update(state.update_ops)
+    return {name for name, ops in writes.items() if ops & analysis.before_gradients}
+
+
+def _merge_shards(stats, groups, summable, hows, off_servers) -> Dict[str, cost.VariableStats]:
     """The statistics with each partitioned variable whole: the cost model chooses its
     method and number of shards (of the same rows, 1/k to each)."""
     merged = dict(stats)
@@ -163,6 +174,8 @@ def _merge_shards(stats, groups, summable, hows) -> Dict[str, cost.VariableStats
             summable.add(group.name)
         if group.shards[0] in hows:
             hows[group.name] = hows[group.shards[0]]
+        if off_servers.intersection(group.shards):
+            off_servers.add(group.name)
     return merged
 
 
@@ -196,7 +209,7 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
             session.run(writes)
             seconds.append(time.perf_counter() - start)
             cpu_seconds.append(time.process_time() - cpu_start)
-    except tf.errors.OpError as error:
+    except (tf.errors.OpError, ValueError) as error:  # ValueError: an update in a tf.cond
         return None, _probe_failure(error, "the step could not run before the job")
     return (statistics.median(seconds[1:]), statistics.median(cpu_seconds[1:])), None
 
@@ -214,7 +227,7 @@ def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,
                 ids[name].append(np.concatenate([v.ravel() for v in values]))
     except tf.errors.InvalidArgumentError as error:
         return {}, f"the input could not be read before the job ({error.message})"
-    except tf.errors.OpError as error:
+    except (tf.errors.OpError, ValueError) as error:  # ValueError: ids in a loop's body
         return {}, _probe_failure(error, "the probe of the input failed")
     stats = {}
     for info in analysis.variables.values():
@@ -250,12 +263,13 @@ def _probe_session(graph: tf.Graph):
     initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
                                       operation_timeout_in_ms=PROBE_RUN_SECONDS * 1000)
-    coordinator = tf.compat.v1.train.Coordinator()
+    coordinator, threads = tf.compat.v1.train.Coordinator(), []
     with tf.compat.v1.Session(graph=graph, config=config) as session:
         session.run(initializers)
-        with graph.as_default():
-            threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator,
-                                                             daemon=True)
+        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):  # else TF's warning
+            with graph.as_default():
+                threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator,
+                                                                 daemon=True)
         try:
             yield session
         finally:
@@ -263,8 +277,11 @@ def _probe_session(graph: tf.Graph):
             coordinator.join(threads, stop_grace_period_secs=10)
 
 
-def _probe_failure(error: tf.errors.OpError, failed: str) -> str:
+def _probe_failure(error: Exception, failed: str) -> str:
+    """Why a probe run failed: a TensorFlow error, or a fetch TensorFlow refused (ValueError:
+    a tensor inside a tf.cond or a loop's body)."""
     if isinstance(error, tf.errors.DeadlineExceededError):
         return (f"{failed}: a run waited more than {PROBE_RUN_SECONDS} s (for input only the "
                 "workers can read?)")
-    return f"{failed}: {error.message.splitlines()[0]}"
+    message = error.message if isinstance(error, tf.errors.OpError) else str(error)
+    return f"{failed}: {message.splitlines()[0]}"

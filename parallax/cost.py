@@ -187,7 +187,8 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster,
                                machine_stages: Optional[bool] = None,
                                shard_counts: Optional[Dict[str, Sequence[int]]] = None,
                                summable: Optional[Collection[str]] = None,
-                               hows: Optional[Dict[str, str]] = None
+                               hows: Optional[Dict[str, str]] = None,
+                               off_servers: Collection[str] = ()
                                ) -> Tuple[Dict[str, Method], bool]:
     """`choose`, and whether allreduces go in machine stages: as `machine_stages` says when
     True or False; when None, the plan predicted faster of the best plan with a ring and the
@@ -195,7 +196,7 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster,
     by_name = {var.name: var for var in stats}
     fastest = None
     for staged in ((False, True) if machine_stages is None else (machine_stages,)):
-        choice = choose(stats, cluster, links, shard_counts, summable, hows,
+        choice = choose(stats, cluster, links, shard_counts, summable, hows, off_servers,
                         hierarchical_allreduce=staged)
         seconds = step_time(choice, by_name, cluster, links, hierarchical_allreduce=staged)
         if fastest is None or seconds < fastest[0]:
@@ -263,12 +264,13 @@ PLACEMENT_MARGIN = 0.05
 def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
            shard_counts: Optional[Dict[str, Sequence[int]]] = None,
            summable: Optional[Collection[str]] = None,
-           hows: Optional[Dict[str, str]] = None, **options) -> Dict[str, Method]:
+           hows: Optional[Dict[str, str]] = None, off_servers: Collection[str] = (),
+           **options) -> Dict[str, Method]:
     """Per variable a method, for the least predicted step time of the whole plan: allreduce
     for a dense gradient; for a sparse one allreduce (as dense), allgather, or parameter
     servers (in as many row shards as `shard_counts` allows it, 1 when not given); as dense
     only those in `summable` (all when None), whose rows may be summed by id; only
-    `hows[name]` where given (a run option's rule).
+    `hows[name]` where given (a run option's rule); no server for those in `off_servers`.
 
     A beam search: variables are decided one at a time, dense ones first (their allreduce, and
     its latency, is then paid for), then sparse ones, largest first, keeping the BEAM partial
@@ -283,7 +285,7 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
     beam = [((), _no_traffic(cluster), 0, (0.0,) * cluster.machines)]
     for var in sorted(stats, key=lambda v: (v.sparse, -v.nbytes)):
         extended = []
-        for method in _candidates(var, cluster, shard_counts, summable, hows):
+        for method in _candidates(var, cluster, shard_counts, summable, hows, off_servers):
             traffic = link_phases(var, method, cluster, **options)
             chain = messages(var, method, cluster)
             for choice, phases, rounds, held in beam:
@@ -309,13 +311,13 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
 def _candidates(var: VariableStats, cluster: Cluster,
                 shard_counts: Optional[Dict[str, Sequence[int]]],
                 summable: Optional[Collection[str]],
-                hows: Optional[Dict[str, str]]) -> List[Method]:
+                hows: Optional[Dict[str, str]], off_servers: Collection[str]) -> List[Method]:
     candidates = []
     if not var.sparse or summable is None or var.name in summable:
         candidates.append(Method(ALLREDUCE))
     if var.sparse:
         candidates.append(Method(ALLGATHER))
-    if var.sparse or (hows or {}).get(var.name) == PS:
+    if (var.sparse and var.name not in off_servers) or (hows or {}).get(var.name) == PS:
         for k in (shard_counts or {}).get(var.name, (1,)):
             candidates += [Method(PS, tuple((first + i) % cluster.machines for i in range(k)))
                            for first in range(cluster.machines)]

@@ -106,6 +106,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
                       for op in analysis.extra_state[name].update_ops]
     server_writes = list(dict.fromkeys(server_writes))  # one op may update several
     if config.sync:  # the chief alone applies the step's aggregates
+        _check_server_writes_follow_gradients(analysis, server_writes)
         _check_no_conditional_server_writes(analysis, server_writes)
         _check_writes_on_one_side(analysis, variables, extra_state_servers)
     elif run_option == "AR":
@@ -182,6 +183,19 @@ def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
             f"{op!r} updates variables on parameter servers and replicated ones at once: the "
             "chief alone runs updates of server variables. Update them in separate ops (say, "
             "two tf.conds), or use run_option='AR' or 'PS'")
+
+
+def _check_server_writes_follow_gradients(analysis, server_writes) -> None:
+    """A server-side update the gradients wait for would wait for a step token that comes only
+    after the gradients are pushed: refused instead of deadlocking."""
+    for name in server_writes:
+        if name in analysis.before_gradients:
+            raise ParallaxError(
+                f"{name!r} updates a variable on a parameter server, and the gradients are "
+                "computed after it (a control dependency or a data path): in PS/HYBRID mode "
+                "server variables are updated once per step after the gradients are "
+                "aggregated. Update it after the train op (tf.control_dependencies([train_op]))"
+                ", or use run_option='AR' or 'AUTO' (which keeps its variable off the servers)")
 
 
 def _check_no_conditional_server_writes(analysis, server_writes) -> None:

@@ -11,7 +11,8 @@ from parallax.analysis import analyze
 from parallax.auto import Decision, decide
 from parallax.cluster import Cluster
 from parallax.config import Config
-from parallax.plan import describe, make_plan
+from parallax.errors import ParallaxError
+from parallax.plan import describe, make_plan, validate
 
 TWO_BY_TWO = [2, 2]  # workers of each machine
 
@@ -106,6 +107,45 @@ def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monk
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note == ("HYBRID's rule: the probe of the input failed: a run waited more "
                              "than 1 s (for input only the workers can read?)")
+
+
+def _ema_before_gradients_graph():
+    """A table read as words are read, with a moving average of it in UPDATE_OPS, which the
+    train op is built to wait for (the gradients then wait for the average's update)."""
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    with graph.as_default():
+        table = [v for v in tf.compat.v1.global_variables() if v.op.name == "table"][0]
+        loss = graph.get_operation_by_name("Sum").outputs[0]
+        average = tf.compat.v1.train.ExponentialMovingAverage(0.9).apply([table])
+        with tf.control_dependencies([average]):
+            tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, name="second_train_op")
+    return graph
+
+
+def test_a_table_whose_moving_average_the_gradients_wait_for_stays_off_the_servers():
+    graph = _ema_before_gradients_graph()
+    analysis = analyze(graph)
+    with pytest.raises(ParallaxError, match="the gradients are computed after it"):
+        validate(analysis, Config(run_option="HYBRID"))  # in the driver, before any launch
+    decision = decide(graph, analysis, TWO_BY_TWO)
+    assert decision.methods["table"]["how"] != cost.PS
+    validate(analysis, Config(run_option="AUTO"), decision)
+
+
+def test_an_update_inside_tf_cond_is_not_timed_and_says_why():
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.data.make_one_shot_iterator(
+            tf.data.Dataset.from_tensor_slices(np.arange(64, dtype=np.int64)).batch(4)).get_next()
+        table = tf.compat.v1.get_variable("table", [64, 4])
+        step = tf.compat.v1.train.get_or_create_global_step()
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        grads = optimizer.compute_gradients(tf.reduce_sum(tf.nn.embedding_lookup(table, ids)))
+        tf.cond(tf.equal(step % 2, 0), lambda: tf.group(optimizer.apply_gradients(grads)),
+                tf.no_op)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.compute is None and "compute not measured (the step could not" in decision.note
+    assert decision.variable_stats()["table"].rows == 4
 
 def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     graph = _graph(vocab=100_000, ids_per_batch=500)

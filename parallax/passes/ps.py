@@ -18,7 +18,6 @@ from parallax.passes.queues import concat_slices, shared_queue
 from parallax.passes.rewire import record_aggregated, reroute
 from parallax.plan import Plan, Sync
 
-PUSH_COLLECTION = "parallax_push"  # this worker's gradient pushes (ops)
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
 
@@ -80,7 +79,6 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                                                                             queue)
                 else:
                     push, producers = queue.enqueue(pushed), cluster.num_workers
-                graph.add_to_collection(PUSH_COLLECTION, push)
                 one_row_per_id = (record.is_sparse
                                   and row_sums.rows_unique_per_batch(parts[1]))
                 with tf.device(device):

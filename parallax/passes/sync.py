@@ -17,7 +17,7 @@ from typing import Iterable
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
-from parallax.passes.ps import MIRROR_READ_COLLECTION, PUSH_COLLECTION
+from parallax.passes.ps import MIRROR_READ_COLLECTION
 from parallax.passes.rewire import read_triggers, reroute
 from parallax.plan import Plan
 
@@ -31,8 +31,8 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
     cluster = plan.cluster
     if not cluster.has_servers:
         return graph
+    # plan.make_plan refused server writes the gradients wait for: they would wait for a token.
     writes = [graph.get_operation_by_name(name) for name in plan.server_writes]
-    _check_writes_follow_pushes(graph, writes)
     with graph.as_default(), tf.name_scope("parallax_sync"):
         with tf.device(cluster.server_device(0)):
             queues = {worker: tf.queue.FIFOQueue(
@@ -121,26 +121,6 @@ def _stand_in_after(cut, output) -> None:
     with tf.control_dependencies([cut]):
         stand_in = tf.zeros(output.shape, output.dtype)
     reroute(output, stand_in, consumers)
-
-
-def _check_writes_follow_pushes(graph, writes) -> None:
-    """A server-side update the gradients wait for would wait for a token that comes only after
-    the gradients are pushed: refuse it instead of deadlocking."""
-    ahead, stack = set(), list(graph.get_collection(PUSH_COLLECTION))
-    while stack:
-        op = stack.pop()
-        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent not in ahead:
-                ahead.add(parent)
-                stack.append(parent)
-    for write in writes:
-        if write in ahead:
-            raise ParallaxError(
-                f"{write.type} {write.name!r} updates a variable on a parameter server, and the "
-                "gradients are computed after it (a control dependency or a data path): in "
-                "PS/HYBRID mode server variables are updated once per step after the gradients "
-                "are aggregated. Update it after the train op (tf.control_dependencies([train_op]))"
-                " or use run_option='AR'")
 
 
 def _replace_control_input(op, old, new) -> None:
