@@ -71,18 +71,27 @@ class Steps:
             feeds.update(zip(plan.early, session.run(plan.early, feed_dict=feeds)))
         for aggregate in plan.feed:
             if aggregate.name not in self._kept:
-                raise ParallaxError(
-                    f"this run needs the aggregated gradient {aggregate.name!r} but applies "
-                    "nothing with it: Parallax then gives it the last aggregate (aggregating "
-                    "it here would be a collective of this worker alone), and no training step "
-                    "has produced one yet. Fetch it together with the train op that applies "
-                    "it, or after such a step")
+                raise ParallaxError(self._not_kept(aggregate))
             feeds[aggregate] = self._kept[aggregate.name]
         result, extra = session.run((fetches, plan.extra + plan.keep), feed_dict=feeds,
                                     options=options, run_metadata=run_metadata)
         for aggregate, value in zip(plan.keep, extra[len(plan.extra):]):
             self._kept[aggregate.name] = value
         return result, plan.training
+
+    def _not_kept(self, aggregate) -> str:
+        why = (f"this run needs the aggregated gradient {aggregate.name!r} but applies nothing "
+               "with it: Parallax then gives it the last aggregate (aggregating it here would "
+               "be a collective of this worker alone)")
+        if aggregate not in self._monitored:
+            # Kept are aggregates one of whose consumers leads to no update (a summary of the
+            # gradient); a summary of a global norm shares its consumer with the clipping.
+            return (f"{why}, and training steps keep only those read by ops that lead to no "
+                    "update; this one reaches the run through ops that also lead to an update "
+                    "(a global norm that clips the gradients, say). Fetch what needs it "
+                    "together with the train op, in the same run")
+        return (f"{why}, and no training step has produced one yet. Fetch it together with "
+                "the train op that applies it, or after such a step")
 
     def _plan(self, elements, fed) -> _RunPlan:
         reached, aggregates = self._reached([getattr(e, "op", e) for e in elements], fed)

@@ -119,3 +119,31 @@ def test_eval_and_run_use_the_runner_as_the_default_session(runner):
     assert tf.compat.v1.get_default_session() is None
     with pytest.raises(parallax.ParallaxError, match="partial runs are not supported"):
         runner.partial_run_setup([t["loss"]])
+
+
+def test_a_monitor_behind_an_op_that_also_leads_to_the_update_is_refused_saying_why():
+    """A summary of clip_by_global_norm's norm, run alone: the norm also scales the update, so
+    training steps do not keep the aggregate for it (keeping every aggregate would copy each
+    gradient out of every step)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        (grad,) = tf.compat.v1.gradients(tf.reduce_sum(x * w), [w])
+        aggregated = tf.multiply(grad, 3.0, name="aggregated")
+        record_aggregated(grad, aggregated)
+        (clipped,), norm = tf.clip_by_global_norm([aggregated], 1.0)
+        train = w.assign_sub(0.1 * clipped).op
+        summary = tf.compat.v1.summary.scalar("gradient_norm", norm)
+        init = tf.compat.v1.global_variables_initializer()
+    session = tf.compat.v1.Session(graph=graph)
+    session.run(init)
+    runner = ParallaxRunner(GraphMap(graph, graph), session, num_workers=2, worker_id=0,
+                            description="", training_writes=[train.name])
+    try:
+        runner.run(train, {x: [1.0, 2.0]})
+        with pytest.raises(parallax.ParallaxError,
+                           match="through ops that also lead to an update"):
+            runner.run(summary, {x: [1.0, 2.0]})
+    finally:
+        runner.close()
