@@ -24,7 +24,8 @@ from parallax.graph_copy import GraphMap, copy_graph
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
-from parallax.plan import describe, effective_run_option, make_plan, uses_horovod, validate
+from parallax.plan import (Sync, describe, effective_run_option, make_plan, uses_horovod,
+                           validate)
 from parallax.session import ParallaxRunner
 from runner.control import start_heartbeat
 from runner.output import PAST_STARTUP
@@ -116,6 +117,13 @@ def _start_worker(user_graph, analysis, config) -> ParallaxRunner:
     if decision is not None:
         check_counts(user_graph, decision.partitions)
     plan = make_plan(analysis, config, cluster, run_index=next(_run_indices), decision=decision)
+    on_servers = [p.variable.name for p in plan.with_sync(Sync.PS)]
+    if on_servers and not cluster.has_servers:
+        raise ParallaxError(
+            f"this graph puts {on_servers[0]!r} on a parameter server, and the job has none: "
+            "the driver launched it for the graph of the script's first get_runner, which "
+            "needed none. Give every graph of a script the same kinds of variables (sparse "
+            "ones too), or use run_option='PS', which always starts servers")
     if plan.uses_horovod:
         from parallax.passes import machine_allreduce  # only jobs with replicas join Horovod
 

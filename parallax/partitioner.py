@@ -78,8 +78,12 @@ def partitioned_variables(graph: tf.Graph) -> List[Partitioned]:
         info = getattr(first, "_save_slice_info", None)
         if info is None:
             raise ParallaxError(
-                "a partitioner of parallax.get_partitioner made no variable in GLOBAL_VARIABLES "
-                "(created with other collections?): Parallax tells its variables by that list")
+                "a partitioner of parallax.get_partitioner made no new variable in "
+                "GLOBAL_VARIABLES: Parallax tells the variables of its calls by that list, and "
+                "a call that reuses a partitioned variable (a variable_scope with reuse=True or "
+                "AUTO_REUSE) makes none. Create the variable once and pass it where it is "
+                "shared, or leave search_partitions off (and give it collections with "
+                "GLOBAL_VARIABLES)")
         made.append(Partitioned(info.full_name, [
             v.op.name for v in variables
             if getattr(v, "_save_slice_info", None) is not None

@@ -11,7 +11,7 @@ import uuid
 import psutil
 import pytest
 
-from conftest import REPO, WORKLOADS
+from conftest import REPO, WORKLOADS, run_job
 
 SCRIPT = os.path.join(WORKLOADS, "supervised.py")
 
@@ -191,3 +191,35 @@ def test_profiled_runs_write_a_chrome_trace_and_their_phases_and_graphs_are_expo
         assert "HorovodAllreduce" in (exported / f"worker{worker}.pbtxt").read_text()
         assert list((exported / f"worker{worker}").glob("events.out.tfevents.*"))
     _assert_nothing_left(token)
+
+
+SECOND_GRAPH_NEEDS_SERVERS = """
+import tensorflow as tf
+import parallax
+
+tf.compat.v1.disable_eager_execution()
+for sparse in (False, True):
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        x = tf.ones([2, 4])
+        if sparse:
+            table = tf.compat.v1.get_variable("table", [10, 4])
+            x = tf.nn.embedding_lookup(table, [1, 2])
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(x, w)))
+    runner = parallax.get_runner(graph, "localhost:0,1")
+    runner.run(train)
+    runner.close()
+"""
+
+
+def test_a_later_graph_that_needs_servers_the_job_lacks_is_refused(tmp_path):
+    """The driver launches for the script's first graph (dense: AR, no servers); a second
+    graph with a sparse variable would wait forever for a server: refused, saying why."""
+    script = tmp_path / "two_graphs.py"
+    script.write_text(SECOND_GRAPH_NEEDS_SERVERS)
+    result = run_job(str(script), timeout=300)
+    assert result.returncode != 0
+    assert "this graph puts 'table' on a parameter server, and the job has none" in (
+        result.stdout + result.stderr)

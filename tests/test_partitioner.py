@@ -99,3 +99,14 @@ def test_a_checkpoint_of_the_shards_reads_back_into_the_single_device_variable(t
         with tf.compat.v1.Session() as session:
             tf.compat.v1.train.Saver().restore(session, path)
             np.testing.assert_array_equal(session.run(whole), value)
+
+
+def test_a_partitioned_variable_shared_by_reuse_is_refused_under_search_partitions():
+    graph = tf.Graph()
+    with graph.as_default():
+        for _ in range(2):  # the second call reuses the shards and makes no variable
+            with tf.compat.v1.variable_scope("shared", reuse=tf.compat.v1.AUTO_REUSE):
+                tf.compat.v1.get_variable("table", [100, 4],
+                                          partitioner=parallax.get_partitioner(2))
+    with pytest.raises(ParallaxError, match="a call that reuses a partitioned variable"):
+        partitioned_variables(graph)
