@@ -77,7 +77,15 @@ class GraphMap:
                if node.name not in self._known and node.name not in self._ops]
         names = {node.name for node in new}
         input_map, controls = {}, {}
-        graph_def = tf.compat.v1.GraphDef(library=user_def.library, versions=user_def.versions)
+        graph_def = tf.compat.v1.GraphDef(versions=user_def.versions)
+        # Only functions the copy lacks: TensorFlow refuses to import one under a name the copy
+        # has (a tf.cond's branch, as the copy's import of it differs in its attributes).
+        graph_def.library.function.extend(
+            f for f in user_def.library.function
+            if not self.copy._is_function(f.signature.name))  # pylint: disable=protected-access
+        graph_def.library.gradient.extend(
+            g for g in user_def.library.gradient
+            if not self.copy._is_function(g.function_name))  # pylint: disable=protected-access
         for node in new:
             copied = graph_def.node.add()
             copied.CopyFrom(node)

@@ -143,3 +143,21 @@ def test_files_a_script_writes_hold_the_single_device_graph(tmp_path):
                                        err_msg=f"{name}: {variable}")
     assert found["events"]["ops"] == found["runner_events"]["ops"]
     assert "w/Adam" in found["model-5.meta"]["values"]
+
+
+def test_ops_built_later_in_a_graph_with_functions_are_found():
+    """A moving average starts from its variable's initialized_value(), a tf.cond whose branches
+    are functions of the graph, which the copy has too: ops built after get_runner (a Saver, an
+    evaluation) are imported without them."""
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        average = tf.compat.v1.train.ExponentialMovingAverage(0.9)
+        average.apply([w])
+    graphs = GraphMap(graph, copy_graph(graph))
+    with graph.as_default():
+        later = tf.reduce_sum(w * 3.0 + average.average(w), name="later")
+    copy = graphs.copy
+    with tf.compat.v1.Session(graph=copy) as session:
+        session.run([v.initializer for v in copy.get_collection("variables")])
+        assert session.run(graphs.find(later)) == 8.0
