@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 from parallax import cost, launch
-from parallax.analysis import analyze
+from parallax.analysis import GraphAnalysis, analyze
 from parallax.auto import Decision, decide
 from parallax.partitioner import check_counts
 from parallax.profile import Profiler
@@ -24,6 +24,7 @@ from parallax.graph_copy import GraphMap, copy_graph
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
+from parallax.passes.split_variables import split_variables
 from parallax.plan import (Sync, describe, effective_run_option, make_plan, uses_horovod,
                            validate)
 from parallax.session import ParallaxRunner
@@ -88,12 +89,26 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
                               config.run_option, config.search_partitions,
                               cost.Links(**within) if within else None,
                               config.hierarchical_allreduce)
-        validate(analysis, config, decision)
-        run_option = effective_run_option(config.run_option, analysis, decision)
+        planned = analysis  # the workers' analysis: of the copy they split, if they split
+        if decision is not None and decision.splits:
+            planned = _split_copy(graph, analysis, decision)[1]
+        validate(planned, config, decision)
+        run_option = effective_run_option(config.run_option, planned, decision)
         launch.run_driver(resources, config, run_option,
-                          uses_horovod(run_option, analysis, config.sync_batch_norm),
+                          uses_horovod(run_option, planned, config.sync_batch_norm),
                           decision.to_env() if decision else {})
     return _start_worker(graph, analysis, config)
+
+
+def _split_copy(graph: tf.Graph, analysis: GraphAnalysis, decision: Optional[Decision]
+                ) -> Tuple[tf.Graph, GraphAnalysis]:
+    """A copy of `graph` to transform, with the variables the decision splits in row shards
+    (passes/split_variables.py), and its analysis (`analysis`, when it splits none)."""
+    copy = copy_graph(graph)
+    if decision is None or not decision.splits:
+        return copy, analysis
+    copy = split_variables(copy, dict(decision.splits))
+    return copy, analyze(copy)
 
 
 def _decides(config: Config) -> bool:
@@ -116,6 +131,7 @@ def _start_worker(user_graph, analysis, config) -> ParallaxRunner:
     decision = Decision.from_env() if _decides(config) else None
     if decision is not None:
         check_counts(user_graph, decision.partitions)
+    graph, analysis = _split_copy(user_graph, analysis, decision)
     plan = make_plan(analysis, config, cluster, run_index=next(_run_indices), decision=decision)
     on_servers = [p.variable.name for p in plan.with_sync(Sync.PS)]
     if on_servers and not cluster.has_servers:
@@ -130,7 +146,7 @@ def _start_worker(user_graph, analysis, config) -> ParallaxRunner:
         machine_allreduce.init_horovod(cluster)
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
-    graph = transform(copy_graph(user_graph), plan)
+    graph = transform(graph, plan)
     if config.export_graph_path:
         _export_graph(graph, config.export_graph_path, f"worker{cluster.worker_id}")
     sess_config = tf.compat.v1.ConfigProto()

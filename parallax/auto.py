@@ -29,8 +29,8 @@ from parallax import cost
 from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
-from parallax.partitioner import DECISION_ENV, partitioned_variables
-from parallax.passes import row_sums
+from parallax.partitioner import DECISION_ENV, Partitioned, partitioned_variables
+from parallax.passes import row_sums, split_variables
 from parallax.plan import rule
 
 
@@ -47,6 +47,8 @@ class Decision:
     partitions: List[list] = dataclasses.field(default_factory=list)
     # Allreduce in machine stages (Config.hierarchical_allreduce); None: not decided here
     machine_stages: Optional[bool] = None
+    # [variable, shards] for each variable the workers split (passes/split_variables.py)
+    splits: List[list] = dataclasses.field(default_factory=list)
 
     def to_env(self) -> Dict[str, str]:
         return {DECISION_ENV: json.dumps(dataclasses.asdict(self))}
@@ -104,15 +106,27 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     counts = {group.name: range(group.min_partitions,
                                 max(group.min_partitions, shape.machines) + 1)
               for group in groups}
+    counts.update(_splittable_counts(graph, analysis, groups, off_servers, shape))
     machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
     if not Cluster(machines).machine_groups():
         hierarchical_allreduce = False
     chosen, staged = cost.choose_with_allreduce_form(
         list(merged.values()), shape, links, hierarchical_allreduce, shard_counts=counts,
         summable=summable, hows=hows, off_servers=off_servers)
+    splits = {name: len(chosen[name].servers) for name in counts
+              if name not in {g.name for g in groups} and len(chosen[name].servers) > 1}
+    if splits and split_variables.splittable(graph, list(splits)) is not None:
+        # Each splits alone but not together (an op reading two of them): none is split.
+        counts = {name: range(1, 2) if name in splits else shards
+                  for name, shards in counts.items()}
+        chosen, staged = cost.choose_with_allreduce_form(
+            list(merged.values()), shape, links, hierarchical_allreduce, shard_counts=counts,
+            summable=summable, hows=hows, off_servers=off_servers)
+        splits = {}
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
-    chosen, stats = _split_shards(chosen, merged, groups)
+    chosen, stats = _split_shards(chosen, merged, groups + [
+        Partitioned(name, [], 1) for name in splits])
     methods = {name: {"how": method.how, "server": method.servers[0] if method.servers
                       else None} for name, method in chosen.items()}
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
@@ -124,6 +138,9 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     if partitions:
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)
+    if splits:
+        note += "; split over servers: " + ", ".join(f"{name} in {count} shards"
+                                                     for name, count in splits.items())
     compute = None
     if timed:
         alone, cpu = timed
@@ -137,7 +154,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
                           hierarchical_allreduce=staged)
     note += f"; predicted step {1000 * step:.0f} ms"
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
-                    compute, dataclasses.asdict(links), step, partitions, staged)
+                    compute, dataclasses.asdict(links), step, partitions, staged,
+                    [[name, count] for name, count in splits.items()])
 
 
 def _rate(bytes_per_second: float) -> str:
@@ -157,6 +175,16 @@ def _kept_off_servers(analysis: GraphAnalysis) -> set:
         if state.owner in writes:
             writes[state.owner].update(state.update_ops)
     return {name for name, ops in writes.items() if ops & analysis.before_gradients}
+
+
+def _splittable_counts(graph, analysis, groups, off_servers, shape) -> Dict[str, range]:
+    """The shard counts the cost model may give each sparse variable the user did not
+    partition: from 1 to the number of machines, where the workers can split it
+    (split_variables.splittable) and a server may hold it."""
+    partitioned = {name for group in groups for name in group.shards}
+    return {info.name: range(1, shape.machines + 1) for info in analysis.sparse
+            if info.name not in partitioned and info.name not in off_servers
+            and info.shape[0] > 1 and split_variables.splittable(graph, [info.name]) is None}
 
 
 def _merge_shards(stats, groups, summable, hows, off_servers) -> Dict[str, cost.VariableStats]:
@@ -180,8 +208,8 @@ def _merge_shards(stats, groups, summable, hows, off_servers) -> Dict[str, cost.
 
 
 def _split_shards(chosen, merged, groups):
-    """Methods and statistics per shard of the partitioned variables: k shards, the jth on
-    the jth server chosen; each shard 1/k of the variable (as the workers will build it)."""
+    """Methods and statistics per shard of the partitioned variables (and of those the workers
+    will split): k shards, the jth on the jth server chosen; each shard 1/k of the variable."""
     chosen, stats = dict(chosen), dict(merged)
     for group in groups:
         method, whole = chosen.pop(group.name), stats.pop(group.name)

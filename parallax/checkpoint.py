@@ -10,8 +10,10 @@ import time
 from typing import Optional
 
 import tensorflow as tf
+from tensorflow.python.training.saving.saveable_object_util import op_list_to_dict
 
 from parallax.config import CheckpointConfig
+from parallax.passes import split_variables
 
 log = logging.getLogger("parallax")
 
@@ -27,9 +29,18 @@ class Checkpointer:
             return  # save/restore ops for every variable only where they will run
         with graph.as_default():
             # The saver sees the variables under their original names (the containers the
-            # runner uses on servers are not part of them), so a new job finds them again.
-            self._saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(),
-                                                   max_to_keep=3)
+            # runner uses on servers are not part of them), so a new job finds them again; a
+            # variable split in shards is saved whole, as on one device.
+            saved = tf.compat.v1.global_variables()
+            whole = split_variables.whole_reads(graph)
+            if whole:
+                shards = {family.shard(member, j)
+                          for family in split_variables.split_families(graph)
+                          for member in family.members for j in range(family.shards)}
+                saved = op_list_to_dict([v for v in saved if v.op.name not in shards])
+                saved.update(whole)
+            self._saver = tf.compat.v1.train.Saver(saved, max_to_keep=3)
+            split_variables.rewrite_uses(graph)
             self._global_step = tf.compat.v1.train.get_global_step()
 
     def restore(self, session) -> bool:

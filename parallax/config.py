@@ -112,7 +112,9 @@ class Config:
     search_partitions: the number of shards of each variable made by
         parallax.get_partitioner(min_partitions) is the one the cost model predicts fastest
         (from min_partitions to the number of machines), measured by the driver as for AUTO;
-        off, min_partitions.
+        off, min_partitions. With it (and always under AUTO) a sparse variable the user did
+        not partition is split in row shards over the servers where the cost model predicts
+        that faster and the workers can split it (passes/split_variables.py).
     profile_config: a parallax.ProfileConfig(profile_dir, profile_steps, profile_workers): a
         Chrome trace of those runs on those workers, and how long each spent in each phase
         (input, pull, push, server, allreduce, wait_for_chief, compute) in phases.jsonl.

@@ -13,6 +13,8 @@ import tensorflow as tf
 # import_meta_graph would also add a Saver of every variable to the copy: this is its import alone.
 from tensorflow.python.framework.meta_graph import import_scoped_meta_graph
 
+from parallax.passes import split_variables
+
 Element = Union[tf.Tensor, tf.Operation]
 
 
@@ -57,9 +59,17 @@ class GraphMap:
     def find(self, element: Element) -> Element:
         if element.graph is self.copy:
             return element
-        if isinstance(element, tf.Operation):
-            return self._op(element.name)
-        return self._op(element.op.name).outputs[element.value_index]
+        return self._element(element.name)
+
+    def _element(self, name: str) -> Element:
+        """The copy's op or tensor of this name: what stands for it where a variable was
+        split (split_variables.replacement)."""
+        stand_in = split_variables.replacement(self.copy, name)
+        if stand_in is not None:
+            return stand_in
+        op_name, _, index = name.partition(":")
+        op = self._op(op_name)
+        return op.outputs[int(index)] if index else op
 
     def _op(self, name: str) -> tf.Operation:
         if name in self._known:
@@ -95,12 +105,11 @@ class GraphMap:
                 if producer in names:
                     copied.input.append(source)
                 elif source.startswith("^"):
-                    controls.setdefault(node.name, []).append(self._op(producer))
+                    controls.setdefault(node.name, []).append(self._element(producer))
                 else:
                     copied.input.append(source)
                     tensor = source if ":" in source else source + ":0"
-                    index = int(tensor.split(":")[1])
-                    input_map[tensor] = self._op(producer).outputs[index]
+                    input_map[tensor] = self._element(tensor)
         with self.copy.as_default():
             imported = tf.graph_util.import_graph_def(
                 graph_def, input_map=input_map, return_elements=[n.name for n in new], name="")
@@ -108,3 +117,4 @@ class GraphMap:
             self._ops[node.name] = op
             if node.name in controls:
                 op._add_control_inputs(controls[node.name])  # pylint: disable=protected-access
+        split_variables.rewrite_uses(self.copy)  # new ops on a split variable (a Saver's)

@@ -281,7 +281,9 @@ def describe(plan: Plan) -> str:
             where = "every worker (replica)"
         row = (info.name, "sparse" if info.is_sparse else "dense", str(list(info.shape)),
                str(info.nbytes), where, how)
-        if predicted:
+        if predicted and info.name not in predicted:  # a graph the driver did not measure
+            row += ("-", "-", "-")
+        elif predicted:
             measured = stats[info.name]
             alpha = f"{measured.distinct(1) / info.shape[0]:.3f}" if measured.sparse else "-"
             row += (alpha, f"{predicted[info.name]:.0f}",
@@ -313,6 +315,8 @@ def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[s
     shape = _cost_shape(plan.cluster)
     predicted = {}
     for name, var_plan in plan.variables.items():
+        if name not in stats:
+            continue
         method = cost.Method(var_plan.sync.value,
                              (var_plan.server,) if var_plan.sync is Sync.PS else ())
         phases = cost.link_phases(

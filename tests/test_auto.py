@@ -12,6 +12,8 @@ from parallax.auto import Decision, decide
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
+from parallax.graph_copy import copy_graph
+from parallax.passes.split_variables import split_variables
 from parallax.plan import describe, make_plan, validate
 
 TWO_BY_TWO = [2, 2]  # workers of each machine
@@ -40,24 +42,48 @@ def _graph(vocab, ids_per_batch, feed=False, zipf=False):
 def test_rows_are_measured_on_as_many_batches_as_workers():
     graph = _graph(vocab=100_000, ids_per_batch=500)
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
-    stats = decision.variable_stats()["table"]
-    assert stats.rows == 500 and stats.row_bytes == 256 and stats.index_bytes == 8
-    assert len(stats.unique) == 4 and 490 < stats.unique[0] <= 500
-    assert stats.unique[0] < stats.unique[1] < stats.unique[3] <= 2000
     # Nearly every id of a batch distinct: an allgather brings each machine 3 workers' 500
     # rows with ids (396 kB); one server would send 2 workers ~500 rows each (256 kB), and
-    # then receive the other machine's ~1000 summed rows (264 kB).
-    assert decision.methods["table"]["how"] == cost.ALLGATHER
+    # then receive the other machine's ~1000 summed rows (264 kB); the table split in two
+    # shards, one a server, each machine's link carries half of both (260 kB).
+    assert decision.splits == [["table", 2]]
+    assert decision.methods["table/part_0"]["how"] == cost.PS
     assert decision.methods["w"]["how"] == cost.ALLREDUCE
+    stats = decision.variable_stats()["table/part_0"]  # half of the table's, as measured
+    assert stats.rows == 250 and stats.row_bytes == 256 and stats.index_bytes == 8
+    assert len(stats.unique) == 4 and 245 < stats.unique[0] <= 250
+    assert stats.unique[0] < stats.unique[1] < stats.unique[3] <= 1000
     assert Decision(**{**decision.__dict__}).variable_stats() == decision.variable_stats()
 
 
-def test_a_table_read_as_words_are_read_goes_to_a_server():
-    # Of 500 ids a batch ~190 distinct, ~340 in two: pulls of 97 kB, then pushes of 90 kB.
+def test_a_table_read_as_words_are_read_is_split_over_the_servers():
+    # Of 500 ids a batch ~190 distinct, ~340 in two: on one server, pulls of 97 kB, then
+    # pushes of 90 kB through its link; split in two shards, half of them through each.
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.variable_stats()["table"].unique[0] < 250
-    assert decision.methods["table"]["how"] == cost.PS
+    stats = decision.variable_stats()
+    assert stats["table/part_0"].unique[0] < 125 and stats["table/part_1"].nbytes == 100_000 * 128
+    assert decision.splits == [["table", 2]]
+    assert decision.methods["table/part_0"] == {"how": cost.PS, "server": 0}
+    assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
+    assert "split over servers: table in 2 shards" in decision.note
+    # The workers split it (passes/split_variables.py): describe() shows each shard.
+    plan = make_plan(
+        analyze(split_variables(copy_graph(graph), dict(decision.splits))), Config("AUTO"),
+        Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]), decision=decision)
+    lines = describe(plan).splitlines()
+    assert [line.split()[:2] for line in lines if line.startswith("table")] == [
+        ["table/part_0", "sparse"], ["table/part_1", "sparse"]]
+
+
+def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    with graph.as_default():  # read in a loop (an evaluation): not split
+        table = [v for v in tf.compat.v1.global_variables() if v.op.name == "table"][0]
+        tf.while_loop(lambda i: i < 3, lambda i: i + tf.cast(tf.reduce_sum(
+            tf.nn.embedding_lookup(table, [i])) > 0, tf.int32), [0])
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
 
 
 def test_a_table_every_batch_reads_whole_is_allreduced():
@@ -95,7 +121,8 @@ def _queue_graph(fill_queue=True):
 def test_a_queue_based_input_is_read_with_its_queue_runners_started_and_stopped():
     graph = _queue_graph()
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.variable_stats()["table"].rows == 64
+    stats = decision.variable_stats()
+    assert sum(s.rows for name, s in stats.items() if name.startswith("table")) == 64
     assert decision.compute is not None and "one worker's step alone" in decision.note
     assert not [t for t in threading.enumerate() if t.name.startswith("QueueRunnerThread")]
 
@@ -177,16 +204,17 @@ def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():
 
 def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    analysis = analyze(graph)
-    decision = decide(graph, analysis, TWO_BY_TWO, cost.Links(bandwidth=1e6))
+    decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
+    # The workers' analysis: of their copy, with the table split (passes/split_variables.py)
+    analysis = analyze(split_variables(copy_graph(graph), dict(decision.splits)))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
     text = describe(make_plan(analysis, Config(run_option="AUTO"), cluster, decision=decision))
     assert "predicted step" in text.splitlines()[1]
-    header, table, w = text.splitlines()[2:5]
+    header, table, _, w = text.splitlines()[2:6]
     assert header.endswith("alpha  predicted bytes  share of step")
     table_cells, w_cells = table.split(), w.split()
-    assert table_cells[0] == "table" and "parameter" in table
-    assert 0.0 < float(table_cells[-3]) < 0.01  # alpha: ~190 rows of 100,000
+    assert table_cells[0] == "table/part_0" and "parameter" in table
+    assert 0.0 < float(table_cells[-3]) < 0.01  # alpha: ~95 rows of 50,000
     assert w_cells[0] == "w" and "allreduce" in w and w_cells[-3] == "-"
     # w: 2 * 256 bytes * 3/4 each way; the table's pulls and pushes: much of the step
     assert float(w_cells[-2]) == 384
@@ -199,3 +227,15 @@ def test_a_decision_reaches_the_workers_whole(monkeypatch):
     for name, value in decision.to_env().items():
         monkeypatch.setenv(name, value)
     assert Decision.from_env() == decision
+
+
+def test_describe_shows_a_variable_the_driver_did_not_measure_without_figures():
+    """A graph built after the first get_runner has variables the decision does not know."""
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    other = _graph(vocab=1000, ids_per_batch=10)  # its table is not the decision's shards
+    cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
+    text = describe(make_plan(analyze(other), Config(run_option="AUTO"), cluster,
+                              decision=decision))
+    table = next(line for line in text.splitlines() if line.startswith("table "))
+    assert table.split()[-3:] == ["-", "-", "-"] and "parameter server" in table

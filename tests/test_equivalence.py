@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import WORKLOADS, load_workload, run_job
 
@@ -43,6 +44,12 @@ JOBS = {
         "--run-option", "PS", "--ps-off", "local_aggregation"]),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
     "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
+    # The embedding, which the user did not partition, split over both servers by the cost
+    # model (passes/split_variables.py); its checkpoints load into the single-device graph.
+    "HYBRID-split": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--search-partitions",
+                                              "--checkpoint"]),
+    "HYBRID-keras-embedding-split": ("keras-embedding", TWO_MACHINES, [
+        "--run-option", "HYBRID", "--search-partitions", "--ps-off", "local_aggregation"]),
 }
 
 
@@ -91,6 +98,37 @@ def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
     plan = (out / "output.txt").read_text().splitlines()
     assert "parameter server" in next(line for line in plan if "] embedding " in line)
     assert "allgather" in next(line for line in plan if "] tags " in line)
+
+
+@pytest.mark.parametrize("job", ["HYBRID-split", "HYBRID-keras-embedding-split"],
+                         indirect=True)
+def test_an_embedding_is_split_over_both_servers(job):
+    """Each worker stores the embedding in two row shards, one on each server. (They train
+    as one device with the whole embedding: test_workers_equal_single_device.)"""
+    _, _, out = job
+    output = (out / "output.txt").read_text()
+    assert "split over servers: embedding" in output, output[-3000:]
+    plan = [line for line in output.splitlines() if "] embedding" in line]
+    assert "/part_0 " in plan[0] and "server 0" in plan[0], plan
+    assert "/part_1 " in plan[1] and "server 1" in plan[1], plan
+
+
+@pytest.mark.parametrize("job", ["HYBRID-split"], indirect=True)
+@pytest.mark.parametrize("config", equivalence.CONFIGS)
+def test_checkpoints_of_a_split_embedding_load_into_the_single_device_graph(job, config):
+    _, workers, out = job
+    expected, _ = equivalence.train_single_device(
+        "sparse", config, workers * equivalence.BATCH_PER_WORKER)
+    graph, _, _ = equivalence.build("sparse", config, equivalence.BATCH_PER_WORKER, shard=False)
+    with graph.as_default():
+        saver = tf.compat.v1.train.Saver()
+        variables = tf.compat.v1.global_variables()
+    with tf.compat.v1.Session(graph=graph) as session:
+        saver.restore(session, tf.train.latest_checkpoint(str(out / "ckpt" / config)))
+        restored = dict(zip([v.op.name for v in variables], session.run(variables)))
+    assert set(restored) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(restored[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("run_option", ["AR", "PS"])

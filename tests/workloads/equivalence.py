@@ -5,7 +5,7 @@ shard and saves its variables and the global_step after every step. The tests im
 `train_single_device` to compute the reference on the combined batch in-process.
 
     python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
-        [--configs sgd adam+clip] [--sum] [--ps-off local_aggregation ...]
+        [--configs sgd adam+clip] [--sum] [--ps-off local_aggregation ...] [--checkpoint]
 """
 import argparse
 import dataclasses
@@ -214,6 +214,8 @@ def main():
                         help="PSConfig optimizations to turn off")
     parser.add_argument("--hierarchical-allreduce", action="store_true",
                         help="Config(hierarchical_allreduce=True): machine stages wherever possible")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="the chief's checkpoints (CheckpointConfig) in OUT/ckpt/CONFIG")
     args = parser.parse_args()
     if args.dense_ids:
         set_dense_ids()
@@ -225,6 +227,9 @@ def main():
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
+        if args.checkpoint:  # saved when the runner closes
+            config_of_job.ckpt_config = parallax.CheckpointConfig(
+                ckpt_dir=os.path.join(args.out, "ckpt", config))
         runner = parallax.get_runner(graph, args.resources, config_of_job)
         values, steps = _train(runner.run, graph, train_op, global_step)
         np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),

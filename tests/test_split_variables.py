@@ -1,0 +1,216 @@
+"""A variable split in row shards inside the transformed graph (passes/split_variables.py) trains,
+saves and restores exactly as the whole variable does, on one device: for every TF1 optimizer,
+with clipping, a Keras Embedding, the user-shaped graphs, a Saver built before or after. What
+the rules do not cover is not splittable, and says why."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax  # noqa: F401  (records gradients)
+from conftest import load_workload
+from parallax.analysis import analyze
+from parallax.errors import ParallaxError
+from parallax.graph_copy import GraphMap, copy_graph
+from parallax.passes.split_variables import split_variables, splittable
+
+user_graphs = load_workload("user_graphs")
+
+OPTIMIZERS = {
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.1),
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.5),
+    "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(0.1, momentum=0.5),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1),
+    "adadelta": lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
+    "proximal-adagrad": lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.5),
+}
+VOCAB = 10
+
+
+def _model(optimizer, clip=False, keras_embedding=False):
+    """A table looked up by fed ids, a dense layer, the optimizer's update (after clipping by
+    the global norm), a moving average of the variables and a Saver: a single-device graph."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(1)
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 5], name="ids")
+        if keras_embedding:
+            import keras
+            looked_up = keras.layers.Embedding(VOCAB, 4, name="table")(ids)
+        else:
+            table = tf.compat.v1.get_variable("table", [VOCAB, 4])
+            looked_up = tf.nn.embedding_lookup(table, ids)
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        prediction = tf.matmul(tf.reduce_mean(looked_up, 1), w)
+        loss = tf.reduce_mean(tf.square(prediction - 1.0), name="loss")
+        opt = OPTIMIZERS[optimizer]()
+        grads_and_vars = opt.compute_gradients(loss)
+        if clip:
+            grads, variables = zip(*grads_and_vars)
+            grads, _ = tf.clip_by_global_norm(grads, 0.05)
+            grads_and_vars = list(zip(grads, variables))
+        with tf.control_dependencies([opt.apply_gradients(grads_and_vars)]):
+            tf.compat.v1.train.ExponentialMovingAverage(0.9).apply(
+                tf.compat.v1.trainable_variables()).name  # pylint: disable=expression-not-assigned
+            tf.no_op(name="train")
+        tf.compat.v1.train.Saver()
+    return graph
+
+
+class _Runner:
+    """A session of `copy` that takes the user's graph's fetches, as ParallaxRunner does."""
+
+    def __init__(self, user_graph, copy):
+        self.graphs = GraphMap(user_graph, copy)
+        self.session = tf.compat.v1.Session(graph=copy)
+        with copy.as_default():
+            self.session.run(tf.compat.v1.global_variables_initializer())
+
+    def find(self, element):
+        if isinstance(element, str):
+            element = self.graphs.user.as_graph_element(element)
+        if isinstance(element, tf.Variable):
+            element = element.graph.as_graph_element(element)
+        return self.graphs.find(element)
+
+    def run(self, fetches, feed_dict=None):
+        return self.session.run(tf.nest.map_structure(self.find, fetches),
+                                {self.find(k): v for k, v in (feed_dict or {}).items()})
+
+    def variables(self):
+        with self.graphs.user.as_default():
+            variables = tf.compat.v1.global_variables()
+        return dict(zip([v.op.name for v in variables], self.run(variables)))
+
+
+def _split(graph, shards):
+    copy = copy_graph(graph)
+    if shards > 1:
+        split_variables(copy, {info.name: shards for info in analyze(graph).sparse})
+    return copy
+
+
+def _train(graph, shards, path):
+    runner = _Runner(graph, _split(graph, shards))
+    rng = np.random.RandomState(0)
+    losses = [runner.run(["loss:0", "train"], {"ids:0": rng.randint(0, VOCAB, (3, 5))})[0]
+              for _ in range(4)]
+    runner.run("save/control_dependency:0", {"save/Const:0": path})
+    return np.array(losses), runner
+
+
+@pytest.mark.parametrize("keras_embedding", [False, True], ids=["lookup", "keras-embedding"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_table_split_in_shards_trains_and_saves_as_the_whole_table(tmp_path, optimizer,
+                                                                    keras_embedding):
+    graph = _model(optimizer, clip=not keras_embedding, keras_embedding=keras_embedding)
+    assert analyze(graph).sparse and splittable(graph, [analyze(graph).sparse[0].name]) is None
+    expected_losses, whole = _train(graph, 1, str(tmp_path / "whole"))
+    losses, split = _train(graph, 3, str(tmp_path / "split"))
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5, atol=1e-6)
+    expected = whole.variables()
+    for name, value in split.variables().items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # The checkpoint has the single-device names and shapes: it loads into the original graph.
+    saved = tf.compat.v1.train.NewCheckpointReader(str(tmp_path / "split"))
+    reference = tf.compat.v1.train.NewCheckpointReader(str(tmp_path / "whole"))
+    assert saved.get_variable_to_shape_map() == reference.get_variable_to_shape_map()
+    for name in reference.get_variable_to_shape_map():
+        np.testing.assert_allclose(saved.get_tensor(name), reference.get_tensor(name),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    # A single-device checkpoint restores into the shards.
+    fresh = _Runner(graph, _split(graph, 3))
+    fresh.run("save/restore_all", {"save/Const:0": str(tmp_path / "whole")})
+    for name, value in fresh.variables().items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("shape", sorted(set(user_graphs.SHAPES) - {"cond"}))
+def test_user_shaped_graphs_train_split_as_whole(shape):
+    """gan (two optimizers), accumulate (a dense apply of accumulated gradients), cifar10
+    (gradient histograms, moving averages), summary (histograms fetched alone)."""
+    graph, inputs, loop = user_graphs._build(shape)
+    expected, expected_fetched = user_graphs.train_single_device(shape, 1)
+    runner = _Runner(graph, _split(graph, 3))
+    fetched = loop(runner.run, user_graphs._feeder(inputs, 1, 0), True)
+    assert [int(f) for f in fetched] == [int(f) for f in expected_fetched]
+    for name, value in runner.variables().items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_saver_built_after_the_split_saves_the_table_whole(tmp_path):
+    graph = _model("adagrad")
+    runner = _Runner(graph, _split(graph, 2))
+    with graph.as_default():
+        saver = tf.compat.v1.train.Saver(name="later")  # built after get_runner, as tutorials do
+    path = runner.run(saver.saver_def.save_tensor_name,
+                      {saver.saver_def.filename_tensor_name: str(tmp_path / "later")})
+    saved = tf.compat.v1.train.NewCheckpointReader(path.decode()).get_variable_to_shape_map()
+    assert saved["table"] == [VOCAB, 4] and saved["table/Adagrad"] == [VOCAB, 4]
+    assert not [name for name in saved if "part_" in name]
+
+
+def test_a_gradient_of_a_split_table_is_fetched_dense_or_refused():
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf.compat.v1.get_variable("table", [VOCAB, 4])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [1, 1, 7]))
+        ((grad, _),) = tf.compat.v1.train.GradientDescentOptimizer(0.1).compute_gradients(loss)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients([(grad, table)])
+        dense = tf.convert_to_tensor(grad)
+    runner = _Runner(graph, _split(graph, 2))
+    expected = np.zeros([VOCAB, 4])
+    expected[1], expected[7] = 2, 1
+    np.testing.assert_allclose(runner.run(dense), expected)
+    with pytest.raises(ParallaxError, match="is computed per shard of 'table'"):
+        runner.run(grad.values)
+
+
+def _refused(build):
+    graph = tf.Graph()
+    with graph.as_default():
+        table = build()
+    return splittable(graph, [table])
+
+
+def test_what_the_rules_do_not_cover_is_not_split_and_says_why():
+    def in_a_loop():
+        table = tf.compat.v1.get_variable("table", [VOCAB, 4])
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.nn.embedding_lookup(table, [1])))
+        tf.while_loop(lambda i, s: i < 3, lambda i, s: (  # an evaluation, decoding a step a turn
+            i + 1, s + tf.reduce_sum(tf.nn.embedding_lookup(table, [i]))), [0, 0.0])
+        return "table"
+
+    def reference_variable():
+        table = tf.compat.v1.Variable(tf.zeros([VOCAB, 4]), use_resource=False, name="table")
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.nn.embedding_lookup(table, [1])))
+        return "table"
+
+    def tied_embedding():
+        table = tf.compat.v1.get_variable("table", [VOCAB, 4])
+        logits = tf.matmul(tf.nn.embedding_lookup(table, [1, 2]), table, transpose_b=True)
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(logits))
+        return "table"
+
+    def rows_read_in_order():
+        table = tf.compat.v1.get_variable("table", [VOCAB, 4])
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        ((grad, var),) = opt.compute_gradients(tf.reduce_sum(tf.nn.embedding_lookup(table, [3])))
+        first_row = grad.values[:1]  # depends on the rows' order
+        opt.apply_gradients([(tf.IndexedSlices(grad.values * tf.reduce_sum(first_row),
+                                               grad.indices, grad.dense_shape), var)])
+        return "table"
+
+    assert "While 'while' uses 'table'" in _refused(in_a_loop)
+    assert "reference variable" in _refused(reference_variable)
+    assert "dense gradient" in _refused(tied_embedding)
+    assert "StridedSlice" in _refused(rows_read_in_order)
+    assert "If 'cond' uses 'model/emb' (or its slot)" in user_graphs_refusal("cond")
+
+
+def user_graphs_refusal(shape):
+    graph, _, _ = user_graphs._build(shape)
+    return splittable(graph, [info.name for info in analyze(graph).sparse])
