@@ -126,7 +126,7 @@ def test_a_table_split_in_shards_trains_and_saves_as_the_whole_table(tmp_path, o
         np.testing.assert_allclose(value, expected[name], rtol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("shape", sorted(set(user_graphs.SHAPES) - {"cond"}))
+@pytest.mark.parametrize("shape", sorted(set(user_graphs.SHAPES) - {"cond", "references"}))
 def test_user_shaped_graphs_train_split_as_whole(shape):
     """gan (two optimizers), accumulate (a dense apply of accumulated gradients), cifar10
     (gradient histograms, moving averages), summary (histograms fetched alone)."""
@@ -209,6 +209,7 @@ def test_what_the_rules_do_not_cover_is_not_split_and_says_why():
     assert "dense gradient" in _refused(tied_embedding)
     assert "StridedSlice" in _refused(rows_read_in_order)
     assert "If 'cond' uses 'model/emb' (or its slot)" in user_graphs_refusal("cond")
+    assert "reference variable" in user_graphs_refusal("references")
 
 
 def user_graphs_refusal(shape):

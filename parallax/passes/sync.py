@@ -54,7 +54,7 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
             for consumer in list(write._control_outputs):  # pylint: disable=protected-access
                 _replace_control_input(consumer, write, cut)
             for output in write.outputs:
-                _stand_in_after(cut, output)
+                _stand_in_after(cut, output, set(writes))
             graph.add_to_collection(STEP_COLLECTION,
                                     json.dumps({"write": write.name, "cut": cut.name}))
     return graph
@@ -105,11 +105,13 @@ def _pushes_behind(graph):
     return pushes
 
 
-def _stand_in_after(cut, output) -> None:
+def _stand_in_after(cut, output, writes) -> None:
     """A cut update's result read for ordering only (tf.cond's result, which
-    tf.control_dependencies turns into a wait for its Identity): a constant after the cut."""
+    tf.control_dependencies turns into a wait for its Identity): a constant after the cut. One
+    that only other server-side updates compute from (a reference variable's scatter_add in
+    Adam's update) is read by nothing this worker runs: those updates are cut too."""
     consumers = list(output.consumers())
-    if not consumers:
+    if not consumers or _feeds_only(output, writes):
         return
     orders_only = all(c.type == "Identity" and not any(o.consumers() for o in c.outputs)
                       for c in consumers)
@@ -121,6 +123,21 @@ def _stand_in_after(cut, output) -> None:
     with tf.control_dependencies([cut]):
         stand_in = tf.zeros(output.shape, output.dtype)
     reroute(output, stand_in, consumers)
+
+
+def _feeds_only(tensor, ends) -> bool:
+    """Whether every data path from `tensor` ends at one of the ops `ends`."""
+    seen, stack = set(), list(tensor.consumers())
+    while stack:
+        op = stack.pop()
+        if op in ends or op in seen:
+            continue
+        seen.add(op)
+        consumers = [c for out in op.outputs for c in out.consumers()]
+        if not consumers:
+            return False  # a value some run may fetch
+        stack.extend(consumers)
+    return True
 
 
 def _replace_control_input(op, old, new) -> None:

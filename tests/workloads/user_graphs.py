@@ -192,6 +192,22 @@ def summary():
     return inputs, loop
 
 
+def references():
+    """TF1 code with reference variables (use_resource=False, as tf.compat.v1 made them before
+    resource variables): Adam's sparse update of a reference variable computes the variable's
+    update from the result of a scatter_add into its slot."""
+    inputs = _inputs()
+    with tf.compat.v1.variable_scope("tf1", use_resource=False):
+        loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=global_step)
+    step_after = _read_after(train_op, global_step)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
 def cond():
     """Updates applied inside tf.cond, every other step of a step counter, the counter
     advanced after them."""
@@ -252,7 +268,7 @@ def batchnorm():
 
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
-          "cond": cond}
+          "references": references, "cond": cond}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
