@@ -30,7 +30,7 @@ VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
 ID_RANGE = VOCAB // 2  # ids drawn below it (set_dense_ids: every row in every batch)
 STEPS, BATCH_PER_WORKER = 20, 4
 # 'two-tables': beside the embedding, a table of which a batch reads ~100 rows, nearly all
-# distinct (AUTO allgathers it while the embedding goes to a server).
+# distinct, a reference variable (AUTO allgathers it while the embedding goes to the servers).
 TAGS_VOCAB, TAGS_PER_EXAMPLE = 10_000, 25
 MIN_PARTITIONS = 1  # of the 'partitioned' model's embedding (parallax.get_partitioner)
 MAX_WORKERS = 4
@@ -136,8 +136,11 @@ def build(model, config, batch, shard, loss_scale=1.0):
                      "lookup-sparse"):
             features = tf.concat([features, summary], axis=1)
         if model == "two-tables":
+            # A reference variable, as TF1 code without resource variables makes it: not
+            # split over the servers (passes/split_variables.py), so AUTO allgathers it.
             tags = tf.compat.v1.get_variable(
-                "tags", [TAGS_VOCAB, EMBED], initializer=_initial([TAGS_VOCAB, EMBED], 4))
+                "tags", [TAGS_VOCAB, EMBED], initializer=_initial([TAGS_VOCAB, EMBED], 4),
+                use_resource=False)
             features = tf.concat([features, tf.reduce_mean(
                 tf.nn.embedding_lookup(tags, inputs["tags"]), axis=1)], axis=1)
         if model in ("keras", "keras-embedding"):
@@ -164,10 +167,13 @@ def build(model, config, batch, shard, loss_scale=1.0):
             train_op = optimizer.apply_gradients(zip(grads, variables), global_step=global_step)
         else:
             train_op = optimizer.minimize(loss, global_step=global_step)
-        # Moving averages of the variables, updated once per step after the update.
+        # Moving averages of the variables, updated once per step after the update. Not of a
+        # reference variable: TensorFlow's initializer of such an average races with the
+        # variable's (its initialized_value() reads the variable in a tf.cond), failing about
+        # one run in seven on one device too.
         with tf.control_dependencies([train_op]):
             train_op = tf.compat.v1.train.ExponentialMovingAverage(0.9).apply(
-                tf.compat.v1.trainable_variables())
+                [v for v in tf.compat.v1.trainable_variables() if v.op.type == "VarHandleOp"])
     return graph, train_op, global_step
 
 
