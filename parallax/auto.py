@@ -106,23 +106,27 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     counts = {group.name: range(group.min_partitions,
                                 max(group.min_partitions, shape.machines) + 1)
               for group in groups}
-    counts.update(_splittable_counts(graph, analysis, groups, off_servers, shape))
     machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
     if not Cluster(machines).machine_groups():
         hierarchical_allreduce = False
-    chosen, staged = cost.choose_with_allreduce_form(
-        list(merged.values()), shape, links, hierarchical_allreduce, shard_counts=counts,
-        summable=summable, hows=hows, off_servers=off_servers)
-    splits = {name: len(chosen[name].servers) for name in counts
-              if name not in {g.name for g in groups} and len(chosen[name].servers) > 1}
-    if splits and split_variables.splittable(graph, list(splits)) is not None:
-        # Each splits alone but not together (an op reading two of them): none is split.
-        counts = {name: range(1, 2) if name in splits else shards
-                  for name, shards in counts.items()}
-        chosen, staged = cost.choose_with_allreduce_form(
-            list(merged.values()), shape, links, hierarchical_allreduce, shard_counts=counts,
-            summable=summable, hows=hows, off_servers=off_servers)
-        splits = {}
+
+    def choose(shard_counts):
+        return cost.choose_with_allreduce_form(
+            list(merged.values()), shape, links, hierarchical_allreduce,
+            shard_counts=shard_counts, summable=summable, hows=hows, off_servers=off_servers)
+
+    chosen, staged = choose(counts)
+    splits = {}
+    splittable = _splittable_counts(graph, analysis, groups, off_servers, shape)
+    if splittable:
+        split, split_staged = choose({**counts, **splittable})
+        splits = {name: len(split[name].servers) for name in splittable
+                  if len(split[name].servers) > 1}
+        if splits and _pays(split, split_staged, chosen, staged, merged, shape, links) and \
+                split_variables.splittable(graph, list(splits)) is None:
+            chosen, staged = split, split_staged
+        else:  # not predicted faster enough, or the variables split alone but not together
+            splits = {}
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups + [
@@ -177,11 +181,21 @@ def _kept_off_servers(analysis: GraphAnalysis) -> set:
     return {name for name, ops in writes.items() if ops & analysis.before_gradients}
 
 
+def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool:
+    """Whether the plan with split variables is predicted cost.SPLIT_MARGIN faster."""
+    seconds = [cost.step_time(choice, stats, shape, links, hierarchical_allreduce=staged)
+               for choice, staged in ((split, split_staged), (whole, whole_staged))]
+    return seconds[0] * (1 + cost.SPLIT_MARGIN) < seconds[1]
+
+
 def _splittable_counts(graph, analysis, groups, off_servers, shape) -> Dict[str, range]:
     """The shard counts the cost model may give each sparse variable the user did not
-    partition: from 1 to the number of machines, where the workers can split it
-    (split_variables.splittable) and a server may hold it."""
-    partitioned = {name for group in groups for name in group.shards}
+    partition (neither with parallax.get_partitioner nor with TensorFlow's partitioners): from
+    1 to the number of machines, where the workers can split it (split_variables.splittable)
+    and a server may hold it."""
+    partitioned = {name for group in groups for name in group.shards} | {
+        v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        if getattr(v, "_save_slice_info", None) is not None}
     return {info.name: range(1, shape.machines + 1) for info in analysis.sparse
             if info.name not in partitioned and info.name not in off_servers
             and info.shape[0] > 1 and split_variables.splittable(graph, [info.name]) is None}

@@ -254,6 +254,10 @@ def _with_balanced_servers(choice: Dict[str, Method], stats: Dict[str, VariableS
 
 
 BEAM = 16  # partial plans kept while choosing
+# A variable the workers split (passes/split_variables.py) costs, per lookup, a partition of
+# the ids and a stitch of the rows, and per step a message and an update per shard, which the
+# model does not price: a plan that splits must be predicted this much faster.
+SPLIT_MARGIN = 0.05
 # The model does not see when in the step each gradient is ready: a table's shards spread over
 # the servers keep both directions of a link busy as its rows are pushed, which HYBRID's
 # placement does. Measured on nmt: 222-234 ms a step with HYBRID's, 238-246 ms with the
@@ -301,11 +305,33 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
         beam = extended[:BEAM]
     best = dict(beam[0][0])
     by_name = {var.name: var for var in stats}
+    # The beam keeps partial plans that look fast alone: it can drop the tables that balance
+    # only together (4 shards on 4 servers, each alone predicted slower than an allgather).
+    rule = _with_balanced_servers(_rule_plan(stats, cluster, shard_counts, hows, off_servers),
+                                  by_name, cluster)
+    if (step_time(rule, by_name, cluster, links, **options)
+            < step_time(best, by_name, cluster, links, **options)):
+        best = rule
     balanced = _with_balanced_servers(best, by_name, cluster)
     if (step_time(balanced, by_name, cluster, links, **options)
             <= (1 + PLACEMENT_MARGIN) * step_time(best, by_name, cluster, links, **options)):
         return balanced
     return best
+
+
+def _rule_plan(stats: Sequence[VariableStats], cluster: Cluster,
+               shard_counts: Optional[Dict[str, Sequence[int]]],
+               hows: Optional[Dict[str, str]], off_servers: Collection[str]
+               ) -> Dict[str, Method]:
+    """HYBRID's rule as a plan: dense variables allreduced, sparse ones on servers (in their
+    fewest shards; allgathered where no server may hold them), `hows` where given."""
+    plan = {}
+    for var in stats:
+        how = (hows or {}).get(var.name) or (
+            ALLREDUCE if not var.sparse else ALLGATHER if var.name in off_servers else PS)
+        shards = min((shard_counts or {}).get(var.name, (1,))) if how == PS else 0
+        plan[var.name] = Method(how, tuple(j % cluster.machines for j in range(shards)))
+    return plan
 
 
 def _candidates(var: VariableStats, cluster: Cluster,

@@ -76,6 +76,30 @@ def test_a_table_read_as_words_are_read_is_split_over_the_servers():
         ["table/part_0", "sparse"], ["table/part_1", "sparse"]]
 
 
+def test_a_table_the_user_partitioned_is_not_split_again():
+    graph = tf.Graph()
+    with graph.as_default():
+        rng = np.random.RandomState(0)
+        ids = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.from_tensor_slices(
+            (np.minimum(rng.zipf(1.1, (64, 500)), 100_000) - 1).astype(np.int64))).get_next()
+        table = tf.compat.v1.get_variable(
+            "table", [100_000, 64], partitioner=tf.compat.v1.fixed_size_partitioner(2))
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(
+            tf.compat.v1.nn.embedding_lookup(table, ids, partition_strategy="mod")))
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.splits == []
+    assert {decision.methods[f"table/part_{j}"]["server"] for j in range(2)} == {0, 1}
+
+
+def test_a_split_must_be_predicted_faster_by_a_margin(monkeypatch):
+    """Splitting costs what the model does not price (a partition and a stitch per lookup):
+    with a margin no split can meet, the table stays whole."""
+    monkeypatch.setattr(cost, "SPLIT_MARGIN", 10.0)
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
+
+
 def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     with graph.as_default():  # read in a loop (an evaluation): not split

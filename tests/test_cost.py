@@ -215,3 +215,29 @@ def test_a_placement_much_faster_than_hybrids_is_kept():
         "a": 0, "b": 1, "c": 1}
     chosen = choose([large] + hot, TWO_BY_TWO, Links())
     assert chosen["b"].servers != chosen["c"].servers
+
+
+def test_hybrids_rule_is_a_candidate_that_the_beam_may_drop():
+    """lm's tables in 4 shards each (TensorFlow's partitioner) on 4 machines of 1 worker, as
+    the driver measured them: alone, a shard of the softmax is predicted cheaper allgathered
+    than on one server, and the beam keeps allgathers (131.5 ms of communication); on the 4
+    servers together the shards balance, as HYBRID places them (61.9 ms)."""
+    def shards(name, nbytes, row_bytes, rows, unique):
+        return [VariableStats(f"{name}/part_{j}", nbytes, rows=r, row_bytes=row_bytes,
+                              unique=u) for j, (r, u) in enumerate(zip(rows, unique))]
+    words = [(277, 489, 722, 923), (281, 513, 706, 886), (294, 528, 722, 900),
+             (299, 516, 728, 928)]
+    sampled = [483, 390, 368, 421]
+    stats = (shards("embedding", 6_400_000, 256, [226, 136, 119, 157],
+                    [(47, 94, 134, 173), (65, 100, 139, 176), (55, 107, 143, 179),
+                     (51, 92, 125, 158)])
+             + shards("softmax_w", 6_400_000, 256, sampled, words)
+             + shards("softmax_b", 100_000, 4, sampled, words)
+             + [VariableStats("kernel", 65536), VariableStats("recurrent", 65536),
+                VariableStats("bias", 1024)])
+    cluster, links = Cluster(4, 1), Links()
+    chosen = cost.choose(stats, cluster, links)
+    seconds = cost.step_time(chosen, {s.name: s for s in stats}, cluster, links)
+    assert seconds == pytest.approx(0.0619, abs=5e-4)
+    assert {m.how for name, m in chosen.items() if "/part_" in name} == {PS}
+    assert sorted(chosen[f"softmax_w/part_{j}"].servers[0] for j in range(4)) == [0, 1, 2, 3]
