@@ -64,6 +64,25 @@ def _sync_of(result: dict, variables: List[dict]) -> Dict[str, tuple]:
     return sync
 
 
+def _as_placed(variables: List[dict], placement: Dict[str, Optional[int]]) -> List[dict]:
+    """The single-device variables as the job stored them: one that Parallax split in k row
+    shards (AUTO; parallax/passes/split_variables.py) as its k shards, each with 1/k of its
+    bytes, rows and distinct rows (row r is in shard r % k), as the cost model counts them."""
+    placed = []
+    for variable in variables:
+        shards = sorted(name for name in placement
+                        if name.startswith(variable["name"] + "/part_"))
+        if variable["name"] in placement or not shards:
+            placed.append(variable)
+            continue
+        k = len(shards)
+        placed += [dict(variable, name=name, bytes=variable["bytes"] // k,
+                        rows=None if variable["rows"] is None else variable["rows"] // k,
+                        unique_rows=[u // k for u in variable.get("unique_rows") or []])
+                   for name in shards]
+    return placed
+
+
 def _chief(result: dict) -> dict:
     return next(r for r in result["records"] if r["is_chief"])
 
@@ -105,7 +124,7 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     # Table 3 and the cost model describe synchronous steps of equal workers: not a
     # straggler's job, nor an asynchronous one (whose chief's steps are its own).
     if single and not chief.get("straggler_ms") and not chief.get("asynchronous"):
-        variables = _chief(single)["variables"]
+        variables = _as_placed(_chief(single)["variables"], chief.get("placement") or {})
         parallax = chief["system"] == "parallax"
         job = dict(
             variables=variables, sync=_sync_of(result, variables), hosts=summary["hosts"],

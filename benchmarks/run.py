@@ -222,7 +222,7 @@ def main():
     parser.add_argument("--rate", default="100mbit", help="each host's link, both ways (tc)")
     parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
     parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt", "tags"],
-                        choices=["cnn", "lm", "nmt", "tags"])
+                        choices=["cnn", "lm", "lm-whole", "nmt", "tags"])
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS),
                         choices=list(EVERY_JOB),
                         help="also single ablation or straggler stages")

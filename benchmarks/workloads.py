@@ -6,6 +6,7 @@ users change around the model (sharding the input, wrapping the optimizer) diffe
     lm:  sparse, LM1B-like: 100k x 64 input embedding, an LSTM, sampled softmax over a
          100k-row output embedding (Adagrad, gradients clipped by global norm; the tables
          split in shards, as the LM1B reference does for its parameter servers).
+    lm-whole: lm with each table one variable, as a user who does not partition writes it.
     nmt: mixed, encoder-decoder: 50k source and 20k target embeddings, LSTM encoder and
          decoder, sampled softmax over the target vocabulary (Adam, clipped).
     tags: 'sparse' but nearly dense: a 1000-row tag embedding that every batch reads almost
@@ -14,6 +15,7 @@ users change around the model (sharding the input, wrapping the optimizer) diffe
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 import keras
@@ -106,15 +108,18 @@ def _lm_dataset(seed, examples=512):
 SHARDS = 4
 
 
-def _sharded():
-    return tf.compat.v1.fixed_size_partitioner(SHARDS)
+def _sharded(partitioned=True):
+    """The tables' partitioner; None for 'lm-whole', whose tables are single variables as a
+    user who does not partition writes them (Parallax's AUTO splits them itself)."""
+    return tf.compat.v1.fixed_size_partitioner(SHARDS) if partitioned else None
 
 
-def _sampled_softmax(hidden, labels, vocab, name):
+def _sampled_softmax(hidden, labels, vocab, name, partitioned=True):
     weights = tf.compat.v1.get_variable(
-        f"{name}_softmax_w", [vocab, hidden.shape[-1]], partitioner=_sharded(),
+        f"{name}_softmax_w", [vocab, hidden.shape[-1]], partitioner=_sharded(partitioned),
         initializer=tf.compat.v1.random_normal_initializer(stddev=hidden.shape[-1] ** -0.5))
-    biases = tf.compat.v1.get_variable(f"{name}_softmax_b", [vocab], partitioner=_sharded(),
+    biases = tf.compat.v1.get_variable(f"{name}_softmax_b", [vocab],
+                                       partitioner=_sharded(partitioned),
                                        initializer=tf.compat.v1.zeros_initializer())
     return tf.reduce_mean(tf.compat.v1.nn.sampled_softmax_loss(
         weights=weights, biases=biases, labels=tf.reshape(labels, [-1, 1]),
@@ -122,18 +127,18 @@ def _sampled_softmax(hidden, labels, vocab, name):
         num_classes=vocab, partition_strategy="mod"))
 
 
-def _embedding(name, vocab, ids):
+def _embedding(name, vocab, ids, partitioned=True):
     table = tf.compat.v1.get_variable(
-        name, [vocab, LM_DIM], partitioner=_sharded(),
+        name, [vocab, LM_DIM], partitioner=_sharded(partitioned),
         initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1))
     return tf.compat.v1.nn.embedding_lookup(table, ids, partition_strategy="mod")
 
 
-def _lm_loss(batch):
+def _lm_loss(batch, partitioned=True):
     inputs, targets = batch
     hidden = keras.layers.LSTM(LM_HIDDEN, return_sequences=True)(
-        _embedding("embedding", LM_VOCAB, inputs))
-    return _sampled_softmax(hidden, targets, LM_VOCAB, "lm")
+        _embedding("embedding", LM_VOCAB, inputs, partitioned))
+    return _sampled_softmax(hidden, targets, LM_VOCAB, "lm", partitioned)
 
 
 # --- (c) mixed: NMT-like encoder-decoder ----------------------------------------------------
@@ -186,6 +191,11 @@ WORKLOADS = {
     "lm": Workload("lm", "sparse", 32, "words", LM_STEPS, _lm_dataset, _lm_loss,
                    lambda: tf.compat.v1.train.AdagradOptimizer(0.2), clip_norm=1.0,
                    loop_steps=LM_STEPS),
+    # lm with single-variable tables: what AUTO makes of tables nobody partitioned
+    "lm-whole": Workload("lm-whole", "sparse", 32, "words", LM_STEPS, _lm_dataset,
+                         functools.partial(_lm_loss, partitioned=False),
+                         lambda: tf.compat.v1.train.AdagradOptimizer(0.2), clip_norm=1.0,
+                         loop_steps=LM_STEPS),
     "nmt": Workload("nmt", "mixed", 32, "words", NMT_STEPS, _nmt_dataset, _nmt_loss,
                     lambda: tf.compat.v1.train.AdamOptimizer(1e-3), clip_norm=5.0,
                     loop_steps=NMT_STEPS),

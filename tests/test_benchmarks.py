@@ -46,6 +46,20 @@ def test_a_loop_reads_a_server_variable_at_every_iteration_unless_copied():
     assert analytic.host_bytes([looped], sync, 2, 1, loop_copies=True)[1]["rx"] == 1000
 
 
+def test_a_variable_parallax_split_counts_as_its_shards_on_their_servers():
+    placement = {"e/part_0": 0, "e/part_1": 1, "w": None}
+    placed = report._as_placed([SPARSE, DENSE], placement)
+    assert [(v["name"], v["bytes"], v["rows"], v["unique_rows"]) for v in placed[:2]] == [
+        ("e/part_0", 500_000, 15, [5, 9]), ("e/part_1", 500_000, 15, [5, 9])]
+    assert placed[2] is DENSE
+    sync = {"e/part_0": (analytic.PS, 0), "e/part_1": (analytic.PS, 1)}
+    split = analytic.host_bytes(placed[:2], sync, 2, 2, unique_pulls=True, summed_pushes=True)
+    whole = analytic.host_bytes([SPARSE], {"e": (analytic.PS, 0)}, 2, 2, unique_pulls=True,
+                                summed_pushes=True)
+    assert split[0] == split[1]  # each host serves half, and sends the other half
+    assert max(split[0].values()) < max(whole[0].values())
+
+
 def test_on_the_wire_adds_headers_and_acknowledgements():
     wire = analytic.on_the_wire({"tx": 1448 * 100, "rx": 0})
     assert wire == {"tx": 1514 * 100, "rx": 66 * 50}
