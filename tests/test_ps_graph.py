@@ -7,7 +7,9 @@ import parallax
 from conftest import load_workload
 from parallax.analysis import analyze
 from parallax.cluster import Cluster
+from parallax.graph_copy import copy_graph
 from parallax.passes import transform
+from parallax.passes.split_variables import split_variables
 from parallax.plan import describe, make_plan
 
 equivalence = load_workload("equivalence")
@@ -95,6 +97,24 @@ def test_post_aggregation_ops_follow_their_inputs(config_name):
     assert sparse_clip == [server], clips
     norms = [op for op in ops if op.type == "L2Loss"]
     assert {op.device for op in norms} == {server, "/job:worker/task:0"}
+
+
+@pytest.mark.parametrize("config_name", ["adagrad+clip", "adam+clip"])
+def test_the_shards_of_a_split_table_are_clipped_and_updated_on_their_servers(config_name):
+    """The embedding split over both servers (passes/split_variables.py): each shard's clip,
+    deduplication and update run on the shard's server, whatever computed the global norm
+    (a scalar, which crosses machines for nothing)."""
+    graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
+    graph = split_variables(copy_graph(graph), {"embedding": 2})
+    plan = make_plan(analyze(graph), parallax.Config(run_option="HYBRID"),
+                     Cluster(worker_id=0, **CLUSTER))
+    assert [plan.variables[f"embedding/part_{j}"].server for j in range(2)] == [0, 1]
+    graph = transform(graph, plan)
+    for op in graph.get_operations():
+        if "/part_" in op.name and op.name.startswith(("clip_by_global_norm", "Adam/update",
+                                                        "Adagrad/update")):
+            shard = int(op.name.rsplit("/part_", 1)[1])
+            assert op.device == plan.cluster.server_device(shard), op.name
 
 
 def test_local_aggregation_sums_rows_by_id_and_carries_the_norm():

@@ -3,8 +3,9 @@
 Walking from the aggregates towards the updates, an op whose inputs (from that region) all come
 from one process runs in that process; an op with inputs from several processes is shared and
 runs on the first server; an op with shared inputs and inputs from one process runs with the
-latter. clip_by_global_norm thus computes each norm beside its gradient, the global norm on the
-first server, and each clip beside its gradient.
+latter, and so does one whose only inputs that are not scalars come from one process.
+clip_by_global_norm thus computes each norm beside its gradient, the global norm on the first
+server, and each clip beside its gradient.
 """
 from __future__ import annotations
 
@@ -29,8 +30,14 @@ def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
     for op in _topological(region):
         if any(t.op.type in VARIABLE_OP_TYPES for t in op.inputs):
             continue  # reads and writes of a variable stay with it
-        producers = [t.op for t in op.inputs if t.op in region or t.op in starts]
-        local = {_process(p) for p in producers if p not in shared}
+        inputs = [t for t in op.inputs if t.op in region or t.op in starts]
+        producers = [t.op for t in inputs]
+        local = {_process(t.op) for t in inputs if t.op not in shared}
+        # Scalars (a global norm, a clip factor) move for nothing: an op computing on one
+        # process's rows runs there, whichever process computed its scalars.
+        rows = {_process(t.op) for t in inputs if t.op not in shared and t.shape.rank != 0}
+        if len(local) > 1 and len(rows) == 1:
+            local = rows
         if len(local) == 1:
             target = next(iter(local))
         else:
