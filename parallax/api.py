@@ -88,7 +88,7 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
             decision = decide(graph, analysis, shape, cost.Links(**links) if links else None,
                               config.run_option, config.search_partitions,
                               cost.Links(**within) if within else None,
-                              config.hierarchical_allreduce)
+                              config.hierarchical_allreduce, config.split_variables)
         planned = analysis  # the workers' analysis: of the copy they split, if they split
         if decision is not None and decision.splits:
             planned = _split_copy(graph, analysis, decision)[1]
@@ -113,7 +113,8 @@ def _split_copy(graph: tf.Graph, analysis: GraphAnalysis, decision: Optional[Dec
 
 def _decides(config: Config) -> bool:
     """Whether the driver measures and decides before launching (parallax/auto.py)."""
-    return config.run_option == "AUTO" or config.search_partitions
+    return config.run_option == "AUTO" or config.search_partitions or bool(
+        config.split_variables)
 
 
 def _start_worker(user_graph, analysis, config) -> ParallaxRunner:

@@ -73,13 +73,16 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
            links: Optional[cost.Links] = None, run_option: str = "AUTO",
            search_partitions: bool = False,
            within_machine: Optional[cost.Links] = None,
-           hierarchical_allreduce: Optional[bool] = None) -> Decision:
+           hierarchical_allreduce: Optional[bool] = None,
+           split: Optional[bool] = None) -> Decision:
     """`links`: as measured between two machines (runner.link_probe); None: assumed.
     `within_machine`: the link probe's figures within one machine, for the record (the model
     prices the links between machines only). `hierarchical_allreduce`: the Config's; None
     (where the cluster allows machine stages) lets the cost model choose. Under
     another run option than AUTO the methods are its rule's, and only the servers, and with
-    `search_partitions` the shards of parallax.get_partitioner's variables, are chosen."""
+    `search_partitions` the shards of parallax.get_partitioner's variables, are chosen.
+    `split`: Config.split_variables; None lets the cost model split the variables the user did
+    not partition, True splits every one a server holds that can be, over every machine."""
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
     measured = links is not None
     links = links or cost.Links()
@@ -93,7 +96,18 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     if problem:
         methods = {name: {"how": rule(run_option, info).value, "server": None}
                    for name, info in analysis.variables.items()}
-        return Decision(methods, {}, f"{_rule_name(run_option)}: {problem}")
+        splits = {}
+        if split:  # without measurements, the rule's server variables over every machine
+            splits = {name: shape.machines for name in _splittable_counts(
+                graph, analysis, [], set(), shape) if methods[name]["how"] == cost.PS}
+            if shape.machines < 2 or split_variables.splittable(graph, list(splits)):
+                splits = {}
+        for name, count in splits.items():
+            del methods[name]
+            methods.update({f"{name}/part_{j}": {"how": cost.PS, "server": j}
+                            for j in range(count)})
+        note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits)
+        return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()])
     summable = {v.name for v in analysis.sparse if all(
         row_sums.rows_can_be_summed(graph.get_tensor_by_name(r.values),
                                     graph.get_tensor_by_name(r.indices))
@@ -117,14 +131,18 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
 
     chosen, staged = choose(counts)
     splits = {}
-    splittable = _splittable_counts(graph, analysis, groups, off_servers, shape)
+    splittable = {} if split is False else _splittable_counts(graph, analysis, groups,
+                                                               off_servers, shape)
+    if split:  # every one a server holds, over every machine
+        splittable = {name: range(shape.machines, shape.machines + 1) for name in splittable}
     if splittable:
-        split, split_staged = choose({**counts, **splittable})
-        splits = {name: len(split[name].servers) for name in splittable
-                  if len(split[name].servers) > 1}
-        if splits and _pays(split, split_staged, chosen, staged, merged, shape, links) and \
-                split_variables.splittable(graph, list(splits)) is None:
-            chosen, staged = split, split_staged
+        with_splits, with_splits_staged = choose({**counts, **splittable})
+        splits = {name: len(with_splits[name].servers) for name in splittable
+                  if len(with_splits[name].servers) > 1}
+        pays = split or _pays(with_splits, with_splits_staged, chosen, staged, merged, shape,
+                              links)
+        if splits and pays and split_variables.splittable(graph, list(splits)) is None:
+            chosen, staged = with_splits, with_splits_staged
         else:  # not predicted faster enough, or the variables split alone but not together
             splits = {}
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
@@ -142,9 +160,7 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     if partitions:
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)
-    if splits:
-        note += "; split over servers: " + ", ".join(f"{name} in {count} shards"
-                                                     for name, count in splits.items())
+    note += _splits_note(splits)
     compute = None
     if timed:
         alone, cpu = timed
@@ -179,6 +195,11 @@ def _kept_off_servers(analysis: GraphAnalysis) -> set:
         if state.owner in writes:
             writes[state.owner].update(state.update_ops)
     return {name for name, ops in writes.items() if ops & analysis.before_gradients}
+
+
+def _splits_note(splits: Dict[str, int]) -> str:
+    return "; split over servers: " + ", ".join(
+        f"{name} in {count} shards" for name, count in splits.items()) if splits else ""
 
 
 def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool:

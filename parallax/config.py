@@ -115,6 +115,11 @@ class Config:
         off, min_partitions. With it (and always under AUTO) a sparse variable the user did
         not partition is split in row shards over the servers where the cost model predicts
         that faster and the workers can split it (passes/split_variables.py).
+    split_variables: whether sparse variables the user did not partition are split in row
+        shards over the servers (passes/split_variables.py): None (default), where the cost
+        model predicts it faster under AUTO or search_partitions; True, every one a server
+        holds that can be split, in one shard a machine (the driver checks which can, as for
+        AUTO); False, none (a split table's gradient rows cannot be fetched).
     profile_config: a parallax.ProfileConfig(profile_dir, profile_steps, profile_workers): a
         Chrome trace of those runs on those workers, and how long each spent in each phase
         (input, pull, push, server, allreduce, wait_for_chief, compute) in phases.jsonl.
@@ -134,6 +139,7 @@ class Config:
     redirect_path: Optional[str] = None
     ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
     hierarchical_allreduce: Optional[bool] = None
+    split_variables: Optional[bool] = None
     ssh: Optional[SSHConfig] = None
     base_port: Optional[int] = None
     ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)

@@ -100,6 +100,16 @@ def test_a_split_must_be_predicted_faster_by_a_margin(monkeypatch):
     assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
 
 
+def test_split_variables_true_splits_without_measurements_and_false_never():
+    fed = _graph(vocab=1000, ids_per_batch=0, feed=True)  # no probe: HYBRID's rule
+    decision = decide(fed, analyze(fed), TWO_BY_TWO, split=True)
+    assert decision.splits == [["table", 2]]
+    assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
+    assert decision.note.endswith("split over servers: table in 2 shards")
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    assert decide(graph, analyze(graph), TWO_BY_TWO, split=False).splits == []
+
+
 def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     with graph.as_default():  # read in a loop (an evaluation): not split

@@ -44,12 +44,13 @@ JOBS = {
         "--run-option", "PS", "--ps-off", "local_aggregation"]),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
     "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
-    # The embedding, which the user did not partition, split over both servers by the cost
-    # model (passes/split_variables.py); its checkpoints load into the single-device graph.
-    "HYBRID-split": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--search-partitions",
+    # The embedding, which the user did not partition, split over both servers
+    # (Config.split_variables, passes/split_variables.py); its checkpoints load into the
+    # single-device graph.
+    "HYBRID-split": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--split-variables",
                                               "--checkpoint"]),
     "HYBRID-keras-embedding-split": ("keras-embedding", TWO_MACHINES, [
-        "--run-option", "HYBRID", "--search-partitions", "--ps-off", "local_aggregation"]),
+        "--run-option", "HYBRID", "--split-variables", "--ps-off", "local_aggregation"]),
 }
 
 

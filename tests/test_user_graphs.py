@@ -56,6 +56,18 @@ def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
         assert result.stdout.count("runner.run(init) skipped") == WORKERS
 
 
+@pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary"])
+def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_device(
+        tmp_path, shape):
+    """Config(split_variables=True) in HYBRID: each embedding in a row shard on each server
+    (passes/split_variables.py), with two optimizers, a dense apply of accumulated gradients,
+    gradient histograms, moving averages."""
+    result = _train(tmp_path, shape, "HYBRID", "--split-variables")
+    plan = [line for line in result.stdout.splitlines() if "/emb/part_" in line]
+    assert plan and all("parameter server" in line for line in plan), result.stdout[-3000:]
+    _assert_single_device(tmp_path, shape)
+
+
 @pytest.mark.parametrize("run_option", ["AR", "PS"])
 def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
     """Without sync_batch_norm each worker normalizes its own batch; the moving statistics are

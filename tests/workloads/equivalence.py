@@ -220,6 +220,8 @@ def main():
                         help="PSConfig optimizations to turn off")
     parser.add_argument("--hierarchical-allreduce", action="store_true",
                         help="Config(hierarchical_allreduce=True): machine stages wherever possible")
+    parser.add_argument("--split-variables", action="store_true",
+                        help="Config(split_variables=True): the embedding over every server")
     parser.add_argument("--checkpoint", action="store_true",
                         help="the chief's checkpoints (CheckpointConfig) in OUT/ckpt/CONFIG")
     args = parser.parse_args()
@@ -229,6 +231,7 @@ def main():
     config_of_job = parallax.Config(
         run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
         search_partitions=args.search_partitions,
+        split_variables=True if args.split_variables else None,
         hierarchical_allreduce=True if args.hierarchical_allreduce else None,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for config in args.configs:

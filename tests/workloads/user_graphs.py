@@ -316,13 +316,16 @@ def main():
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
     parser.add_argument("--sync-batch-norm", action="store_true")
+    parser.add_argument("--split-variables", action="store_true",
+                        help="Config(split_variables=True): embeddings over every server")
     parser.add_argument("--delay", type=float, default=0.0,
                         help="the last worker sleeps up to this long before half of its runs")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
     graph, inputs, loop = _build(args.shape)
     runner = parallax.get_runner(graph, args.resources, parallax.Config(
-        run_option=args.run_option, sync_batch_norm=args.sync_batch_norm))
+        run_option=args.run_option, sync_batch_norm=args.sync_batch_norm,
+        split_variables=True if args.split_variables else None))
     feed = _feeder(inputs, runner.num_workers, runner.worker_id, delay=args.delay)
     fetched = loop(runner.run, feed, runner.is_chief)
     values = _variables(graph, runner.run)
