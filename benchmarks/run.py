@@ -4,7 +4,8 @@ write the report (report.py). Every system trains the same models (workloads.py)
 virtualenv, one job after another on the same hosts.
 
     python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit]
-                             [--workloads cnn lm nmt] [--systems ...] [--no-ablation]
+                             [--workloads cnn lm lm-whole nmt tags] [--systems ...]
+                             [--no-ablation]
                              [--no-straggler]
                              [--out benchmarks/results]
 """
@@ -221,7 +222,8 @@ def main():
     parser.add_argument("--workers-per-host", type=int, default=2)
     parser.add_argument("--rate", default="100mbit", help="each host's link, both ways (tc)")
     parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
-    parser.add_argument("--workloads", nargs="*", default=["cnn", "lm", "nmt", "tags"],
+    parser.add_argument("--workloads", nargs="*",
+                        default=["cnn", "lm", "lm-whole", "nmt", "tags"],
                         choices=["cnn", "lm", "lm-whole", "nmt", "tags"])
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS),
                         choices=list(EVERY_JOB),
