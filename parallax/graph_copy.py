@@ -63,13 +63,13 @@ class GraphMap:
 
     def _element(self, name: str) -> Element:
         """The copy's op or tensor of this name: what stands for it where a variable was
-        split (split_variables.replacement)."""
-        stand_in = split_variables.replacement(self.copy, name)
-        if stand_in is not None:
-            return stand_in
+        split (split_variables.replacement; an op built later is imported, and so rewritten,
+        first)."""
         op_name, _, index = name.partition(":")
         op = self._op(op_name)
-        return op.outputs[int(index)] if index else op
+        element = op.outputs[int(index)] if index else op
+        stand_in = split_variables.replacement(self.copy, element.name)
+        return element if stand_in is None else stand_in
 
     def _op(self, name: str) -> tf.Operation:
         if name in self._known:
@@ -81,12 +81,13 @@ class GraphMap:
     def _copy_new_ops(self) -> None:
         """Import every op of the user's graph the copy has not seen yet, at once. Their inputs
         from ops it has are mapped to those; control inputs are added after the import, as
-        TensorFlow's import can only map those to ops with outputs."""
+        TensorFlow's import can only map those to ops with outputs, and so is colocation with
+        an op the copy has (an embedding lookup's with its table), which the import refuses."""
         user_def = self.user.as_graph_def()
         new = [node for node in user_def.node
                if node.name not in self._known and node.name not in self._ops]
         names = {node.name for node in new}
-        input_map, controls = {}, {}
+        input_map, controls, colocations = {}, {}, {}
         graph_def = tf.compat.v1.GraphDef(versions=user_def.versions)
         # Only functions the copy lacks: TensorFlow refuses to import one under a name the copy
         # has (a tf.cond's branch, as the copy's import of it differs in its attributes).
@@ -110,6 +111,10 @@ class GraphMap:
                     copied.input.append(source)
                     tensor = source if ":" in source else source + ":0"
                     input_map[tensor] = self._element(tensor)
+            targets = [group.decode()[len("loc:@"):] for group in copied.attr["_class"].list.s]
+            if any(target not in names for target in targets):
+                colocations[node.name] = targets
+                del copied.attr["_class"]
         with self.copy.as_default():
             imported = tf.graph_util.import_graph_def(
                 graph_def, input_map=input_map, return_elements=[n.name for n in new], name="")
@@ -117,4 +122,8 @@ class GraphMap:
             self._ops[node.name] = op
             if node.name in controls:
                 op._add_control_inputs(controls[node.name])  # pylint: disable=protected-access
+        for name, targets in colocations.items():
+            groups = [f"loc:@{self._op(target).name}".encode() for target in targets]
+            attr = tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(s=groups))
+            self._ops[name]._set_attr("_class", attr)  # pylint: disable=protected-access
         split_variables.rewrite_uses(self.copy)  # new ops on a split variable (a Saver's)

@@ -161,3 +161,20 @@ def test_ops_built_later_in_a_graph_with_functions_are_found():
     with tf.compat.v1.Session(graph=copy) as session:
         session.run([v.initializer for v in copy.get_collection("variables")])
         assert session.run(graphs.find(later)) == 8.0
+
+
+def test_a_lookup_built_later_keeps_its_colocation_with_the_table():
+    """An evaluation's embedding lookup, built after get_runner, is colocated with its table,
+    an op the copy already has (TensorFlow's import alone refuses that)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf.compat.v1.get_variable("table", initializer=[[1.0], [2.0], [3.0]])
+    graphs = GraphMap(graph, copy_graph(graph))
+    with graph.as_default():
+        lookup = tf.nn.embedding_lookup(table, [2, 0])
+    copied = graphs.find(lookup)
+    gather = graphs.copy.get_operation_by_name("embedding_lookup")
+    assert gather.colocation_groups() == [b"loc:@table"]
+    with tf.compat.v1.Session(graph=graphs.copy) as session:
+        session.run([v.initializer for v in graphs.copy.get_collection("variables")])
+        np.testing.assert_array_equal(session.run(copied), [[3.0], [1.0]])
