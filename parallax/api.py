@@ -24,7 +24,7 @@ from parallax.graph_copy import GraphMap, copy_graph
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
-from parallax.passes.split_variables import split_variables
+from parallax.passes.split_variables import split_variables, splittable
 from parallax.plan import (Sync, describe, effective_run_option, make_plan, uses_horovod,
                            validate)
 from parallax.session import ParallaxRunner
@@ -100,14 +100,20 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     return _start_worker(graph, analysis, config)
 
 
-def _split_copy(graph: tf.Graph, analysis: GraphAnalysis, decision: Optional[Decision]
-                ) -> Tuple[tf.Graph, GraphAnalysis]:
+def _split_copy(graph: tf.Graph, analysis: GraphAnalysis, decision: Optional[Decision],
+                decided: bool = True) -> Tuple[tf.Graph, GraphAnalysis]:
     """A copy of `graph` to transform, with the variables the decision splits in row shards
-    (passes/split_variables.py), and its analysis (`analysis`, when it splits none)."""
+    (passes/split_variables.py), and its analysis (`analysis`, when it splits none). A graph
+    the driver did not decide for (`decided` False: built after the script's first
+    get_runner, an evaluation graph) splits those it can, and keeps the others whole."""
     copy = copy_graph(graph)
-    if decision is None or not decision.splits:
+    splits = dict(decision.splits) if decision is not None else {}
+    if not decided:
+        splits = {name: count for name, count in splits.items()
+                  if splittable(copy, [name]) is None}
+    if not splits:
         return copy, analysis
-    copy = split_variables(copy, dict(decision.splits))
+    copy = split_variables(copy, splits)
     return copy, analyze(copy)
 
 
@@ -132,8 +138,9 @@ def _start_worker(user_graph, analysis, config) -> ParallaxRunner:
     decision = Decision.from_env() if _decides(config) else None
     if decision is not None:
         check_counts(user_graph, decision.partitions)
-    graph, analysis = _split_copy(user_graph, analysis, decision)
-    plan = make_plan(analysis, config, cluster, run_index=next(_run_indices), decision=decision)
+    run_index = next(_run_indices)
+    graph, analysis = _split_copy(user_graph, analysis, decision, decided=run_index == 0)
+    plan = make_plan(analysis, config, cluster, run_index=run_index, decision=decision)
     on_servers = [p.variable.name for p in plan.with_sync(Sync.PS)]
     if on_servers and not cluster.has_servers:
         raise ParallaxError(

@@ -29,7 +29,8 @@ from parallax import cost
 from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
-from parallax.partitioner import DECISION_ENV, Partitioned, partitioned_variables
+from parallax.partitioner import (DECISION_ENV, Partitioned, partitioned_variables,
+                                  shard_name)
 from parallax.passes import row_sums, split_variables
 from parallax.plan import rule
 
@@ -96,17 +97,20 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     if problem:
         methods = {name: {"how": rule(run_option, info).value, "server": None}
                    for name, info in analysis.variables.items()}
-        splits = {}
+        splits, whole = {}, {}
         if split:  # without measurements, the rule's server variables over every machine
-            splits = {name: shape.machines for name in _splittable_counts(
-                graph, analysis, [], set(), shape) if methods[name]["how"] == cost.PS}
-            if shape.machines < 2 or split_variables.splittable(graph, list(splits)):
+            counts, whole = _splittable_counts(graph, analysis, [], set(), shape)
+            splits = {name: shape.machines for name in counts
+                      if methods[name]["how"] == cost.PS}
+            together = split_variables.splittable(graph, list(splits))
+            if shape.machines < 2 or together:
+                whole.update(dict.fromkeys(splits, together or "the job has one machine"))
                 splits = {}
         for name, count in splits.items():
             del methods[name]
-            methods.update({f"{name}/part_{j}": {"how": cost.PS, "server": j}
+            methods.update({shard_name(name, j): {"how": cost.PS, "server": j}
                             for j in range(count)})
-        note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits)
+        note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits, whole)
         return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()])
     summable = {v.name for v in analysis.sparse if all(
         row_sums.rows_can_be_summed(graph.get_tensor_by_name(r.values),
@@ -131,8 +135,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
 
     chosen, staged = choose(counts)
     splits = {}
-    splittable = {} if split is False else _splittable_counts(graph, analysis, groups,
-                                                               off_servers, shape)
+    splittable, whole = ({}, {}) if split is False else _splittable_counts(
+        graph, analysis, groups, off_servers, shape)
     if split:  # every one a server holds, over every machine
         splittable = {name: range(shape.machines, shape.machines + 1) for name in splittable}
     if splittable:
@@ -141,9 +145,11 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
                   if len(with_splits[name].servers) > 1}
         pays = split or _pays(with_splits, with_splits_staged, chosen, staged, merged, shape,
                               links)
-        if splits and pays and split_variables.splittable(graph, list(splits)) is None:
+        together = split_variables.splittable(graph, list(splits)) if splits else None
+        if splits and pays and together is None:
             chosen, staged = with_splits, with_splits_staged
         else:  # not predicted faster enough, or the variables split alone but not together
+            whole.update(dict.fromkeys(splits if together else (), together))
             splits = {}
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
@@ -160,7 +166,7 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     if partitions:
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)
-    note += _splits_note(splits)
+    note += _splits_note(splits, whole)
     compute = None
     if timed:
         alone, cpu = timed
@@ -197,9 +203,13 @@ def _kept_off_servers(analysis: GraphAnalysis) -> set:
     return {name for name, ops in writes.items() if ops & analysis.before_gradients}
 
 
-def _splits_note(splits: Dict[str, int]) -> str:
-    return "; split over servers: " + ", ".join(
+def _splits_note(splits: Dict[str, int], whole: Dict[str, str]) -> str:
+    """The variables split over servers, and why those that cannot be split are kept whole."""
+    note = "; split over servers: " + ", ".join(
         f"{name} in {count} shards" for name, count in splits.items()) if splits else ""
+    if whole:
+        note += "; kept whole: " + ", ".join(f"{name} ({why})" for name, why in whole.items())
+    return note
 
 
 def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool:
@@ -209,17 +219,30 @@ def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool
     return seconds[0] * (1 + cost.SPLIT_MARGIN) < seconds[1]
 
 
-def _splittable_counts(graph, analysis, groups, off_servers, shape) -> Dict[str, range]:
+def _splittable_counts(graph, analysis, groups, off_servers, shape
+                       ) -> Tuple[Dict[str, range], Dict[str, str]]:
     """The shard counts the cost model may give each sparse variable the user did not
     partition (neither with parallax.get_partitioner nor with TensorFlow's partitioners): from
     1 to the number of machines, where the workers can split it (split_variables.splittable)
-    and a server may hold it."""
+    and a server may hold it; and why each other one is kept whole."""
     partitioned = {name for group in groups for name in group.shards} | {
         v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
         if getattr(v, "_save_slice_info", None) is not None}
-    return {info.name: range(1, shape.machines + 1) for info in analysis.sparse
-            if info.name not in partitioned and info.name not in off_servers
-            and info.shape[0] > 1 and split_variables.splittable(graph, [info.name]) is None}
+    counts, whole = {}, {}
+    for info in analysis.sparse:
+        if info.name in partitioned:
+            continue  # the user's own shards
+        if info.name in off_servers:
+            why = "the gradients wait for its updates, which keeps it off the servers"
+        elif info.shape[0] <= 1:
+            why = "it has one row"
+        else:
+            why = split_variables.splittable(graph, [info.name])
+        if why is None:
+            counts[info.name] = range(1, shape.machines + 1)
+        else:
+            whole[info.name] = why
+    return counts, whole
 
 
 def _merge_shards(stats, groups, summable, hows, off_servers) -> Dict[str, cost.VariableStats]:
@@ -250,7 +273,7 @@ def _split_shards(chosen, merged, groups):
         method, whole = chosen.pop(group.name), stats.pop(group.name)
         count = len(method.servers) or group.min_partitions
         for j in range(count):
-            name = f"{group.name}/part_{j}"
+            name = shard_name(group.name, j)
             chosen[name] = cost.Method(method.how, method.servers[j:j + 1])
             stats[name] = dataclasses.replace(
                 whole, name=name, nbytes=whole.nbytes // count,

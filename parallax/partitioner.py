@@ -22,6 +22,12 @@ CALLS_COLLECTION = "parallax_partitioner_calls"  # one _Call per call, in the or
 DECISION_ENV = "PARALLAX_AUTO"  # auto.Decision, whose `partitions` are read here
 
 
+def shard_name(variable: str, j: int) -> str:
+    """Shard j of a variable in row shards: TensorFlow's name for a partitioned variable's,
+    which Parallax's own split (passes/split_variables.py) uses too."""
+    return f"{variable}/part_{j}"
+
+
 @dataclasses.dataclass
 class _Call:
     first_variable: int  # the index its first shard has in GLOBAL_VARIABLES

@@ -118,6 +118,9 @@ def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
             tf.nn.embedding_lookup(table, [i])) > 0, tf.int32), [0])
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
+    assert "kept whole: table (While 'while' uses 'table'" in decision.note
+    split = decide(graph, analyze(graph), TWO_BY_TWO, split=True)  # asked for: says why not
+    assert split.splits == [] and "kept whole: table (While" in split.note
 
 
 def test_a_table_every_batch_reads_whole_is_allreduced():

@@ -98,7 +98,8 @@ def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
     test_workers_equal_single_device.)"""
     _, _, out = job
     plan = (out / "output.txt").read_text().splitlines()
-    assert "parameter server" in next(line for line in plan if "] embedding" in line)
+    embedding = next(line for line in plan if "] embedding" in line)
+    assert "embedding/part_0 " in embedding and "parameter server" in embedding, plan
     assert "allgather" in next(line for line in plan if "] tags " in line)
 
 

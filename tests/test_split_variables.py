@@ -215,3 +215,77 @@ def test_what_the_rules_do_not_cover_is_not_split_and_says_why():
 def user_graphs_refusal(shape):
     graph, _, _ = user_graphs._build(shape)
     return splittable(graph, [info.name for info in analyze(graph).sparse])
+
+
+def test_an_update_waiting_for_another_split_tables_update_waits_for_all_its_shards():
+    """Fetching `a`'s update, whose ops wait for `b`'s update, runs every shard of `b`'s too,
+    though `b` has more shards than `a`: another table's shard j holds other rows."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(1)
+        a = tf.compat.v1.get_variable("a", [VOCAB, 4])
+        b = tf.compat.v1.get_variable("b", [VOCAB, 4])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(a, [1, 2, 3])) + tf.reduce_sum(
+            tf.nn.embedding_lookup(b, [0, 1, 2, 3, 4, 5]))
+        (grad_a, grad_b) = tf.compat.v1.gradients(loss, [a, b])
+        update_b = tf.compat.v1.scatter_sub(b, grad_b.indices, grad_b.values).op
+        with tf.control_dependencies([update_b]):  # SGD steps, a's after b's
+            update_a = tf.compat.v1.scatter_sub(a, grad_a.indices, grad_a.values).op
+    whole = _Runner(graph, copy_graph(graph))
+    copy = copy_graph(graph)
+    split_variables(copy, {"a": 2, "b": 3})
+    split = _Runner(graph, copy)
+    for runner in (whole, split):
+        runner.run(update_a)
+    expected = whole.variables()
+    for name, value in split.variables().items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-6, err_msg=name)
+
+
+def test_ops_built_after_the_split_are_fetched_as_on_one_device():
+    graph = _model("adam")
+    whole = _Runner(graph, copy_graph(graph))
+    split = _Runner(graph, _split(graph, 3))
+    with graph.as_default():  # built after get_runner, as an evaluation is
+        table = [v for v in tf.compat.v1.global_variables() if v.op.name == "table"][0]
+        value = table.read_value()
+        lookup = tf.nn.embedding_lookup(table, [[9, 0], [4, 4]])
+    for runner in (whole, split):
+        runner.run("train", {"ids:0": np.arange(15).reshape(3, 5) % VOCAB})
+    np.testing.assert_allclose(split.run(value), whole.run(value), rtol=1e-6)
+    np.testing.assert_allclose(split.run(lookup), whole.run(lookup), rtol=1e-6)
+    split.run(lookup.op)  # the op itself: what stands for it runs
+
+
+def test_an_update_with_another_tables_ids_is_not_split():
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.get_variable("a", [VOCAB, 4])
+        b = tf.compat.v1.get_variable("b", [VOCAB, 4])
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(a, [1]) * tf.nn.embedding_lookup(b, [2]))
+        (grad_a, _), (grad_b, _) = opt.compute_gradients(loss, [a, b])
+        opt.apply_gradients([(grad_a, a), (grad_b, b)])
+        tf.compat.v1.scatter_add(b, grad_a.indices, grad_a.values)  # a's rows into b
+    assert "ResourceScatterAdd 'ResourceScatterAdd' uses 'b'" in splittable(graph, ["a", "b"])
+
+
+def test_a_later_graph_splits_what_it_can_and_the_decided_one_names_what_it_cannot():
+    from parallax.api import _split_copy
+    from parallax.auto import Decision
+
+    decision = Decision({}, {}, "", splits=[["table", 2]])
+    frozen = tf.Graph()  # a later stage of training: the table frozen, a new layer trained
+    with frozen.as_default():
+        table = tf.compat.v1.get_variable("table", [VOCAB, 4], trainable=False)
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(table, [1]), w)))
+    copy, analysis = _split_copy(frozen, analyze(frozen), decision, decided=False)
+    assert "table" in analysis.all_variables and not [
+        op for op in copy.get_operations() if "part_" in op.name]
+    with pytest.raises(ParallaxError, match="the driver split table.*no gradient in this graph"):
+        _split_copy(frozen, analyze(frozen), decision, decided=True)
+    copy, analysis = _split_copy(_model("adam"), analyze(_model("adam")), decision,
+                                 decided=False)
+    assert {"table/part_0", "table/part_1"} <= set(analysis.variables)

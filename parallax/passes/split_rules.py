@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 from parallax.capture import read_records
+from parallax.partitioner import shard_name
 
 # Elementwise ops: computed per shard when every operand not split broadcasts over the rows.
 _ELEMENTWISE = frozenset({
@@ -36,6 +37,8 @@ _SCATTERS = frozenset({"ResourceScatterAdd", "ResourceScatterSub", "ResourceScat
                        "ResourceScatterDiv", "ResourceScatterMin", "ResourceScatterMax",
                        "ResourceScatterUpdate"})
 _PEELED = ("Cast", "Identity")  # looked through when reading a shape
+_FUNCTION_CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile",
+                             "PartitionedCall", "StatefulPartitionedCall"})
 
 
 class NotSplittable(Exception):
@@ -53,7 +56,7 @@ class Family:
     initializers: Dict[str, str]  # a member's initializer op -> the member
 
     def shard(self, member: str, j: int) -> str:
-        return f"{member}/part_{j}"
+        return shard_name(member, j)
 
     def rows_of(self, j: int) -> tf.Tensor:
         return tf.range(j, self.rows, self.shards)
@@ -85,12 +88,18 @@ def families_of(graph: tf.Graph, splits: Dict[str, int]) -> Dict[str, Family]:
             raise NotSplittable(f"{name!r} is a reference variable; only resource variables "
                                 "are split")
         own = [r for r in records if r.variable == name]
-        if not own or not all(r.is_sparse for r in own):
+        if not own:
+            raise NotSplittable(f"{name!r} has no gradient in this graph")
+        if not all(r.is_sparse for r in own):
             raise NotSplittable(f"{name!r} has a dense gradient")
         rows = variables[name].shape[0]
         slots = [other for other, v in variables.items() if other != name
                  and f"loc:@{name}".encode() in v.op.colocation_groups()
                  and v.shape.rank and v.shape[0] == rows and v.op.type == "VarHandleOp"]
+        dense = [r.variable for r in records if r.variable in slots and not r.is_sparse]
+        if dense:
+            raise NotSplittable(f"{dense[0]!r}, colocated with {name!r} with as many rows, "
+                                "has a dense gradient")
         members = [name] + slots
         family = Family(name, members, shards, rows,
                         {variables[m].initializer.name: m for m in members})
@@ -213,15 +222,18 @@ def _handle_rule(op, split, families) -> Step:
         return Step(op, "clone")
     if op.type in _SCATTERS:
         ids, updates = split.get(1), split.get(2)
-        if ids is None and updates is None and op.inputs[1].shape.rank == 1:
+        if ids is None and updates is None and op.inputs[1].shape.rank == 1 and \
+                (op.inputs[2].shape.rank or 0) >= 1:  # rows that follow the ids
             return Step(op, "clone", partition_inputs=(1, 2))
-        if ids is not None and ids[0] == "ids" and updates == ("rows",) + ids[1:]:
+        if ids is not None and ids[:2] == ("ids", family.variable) and \
+                updates == ("rows",) + ids[1:]:
             return Step(op, "clone")
     if op.type.startswith(("ResourceSparseApply", "ResourceApply")):
         return _apply_rule(op, split, family)
+    taking_it = (" (a function taking it: tf.while_loop, tf.cond)"
+                 if op.type in _FUNCTION_CALLS else "")
     raise NotSplittable(f"{op.type} {op.name!r} uses {family.variable!r} (or its slot) in a "
-                        "way Parallax does not rewrite per shard (a function taking it: "
-                        "tf.while_loop, tf.cond)")
+                        f"way Parallax does not rewrite per shard{taking_it}")
 
 
 def initialized_value_of(tensor: Optional[tf.Tensor], families) -> Optional[str]:
@@ -267,10 +279,11 @@ def _apply_rule(op, split, family) -> Step:
             sliced.append(i)
         elif kind is None:
             ok = tensor.shape.rank == 0
-        elif sparse and names[i] == "indices":
-            ok = kind[0] == "ids"
+        elif sparse and names[i] == "indices":  # this variable's ids, not another's
+            ok = kind[:2] == ("ids", family.variable)
         elif sparse and names[i] == "grad":
-            ok = kind[0] == "rows" and split.get(names.index("indices"), ())[1:] == kind[1:]
+            ok = kind[:2] == ("rows", family.variable) and \
+                split.get(names.index("indices"), ())[1:] == kind[1:]
         else:
             ok = kind == ("aligned", family.variable)
         if not ok:

@@ -1,6 +1,7 @@
 """Splitting a variable the user did not partition into row shards, one per server, inside the
-worker's copy of the graph: what `tf.compat.v1.fixed_size_partitioner` would have built, for a
-table the cost model (parallax/cost.py) predicts faster split.
+worker's copy of the graph: a partitioned variable, as the user could have built with a
+partitioner and partition_strategy='mod', for a table the cost model (parallax/cost.py)
+predicts faster split.
 
 Row r of a variable split in k lives in shard r % k, at row r // k (TensorFlow's 'mod'
 strategy): the frequent ids of a vocabulary, its first rows, spread over the shards. The
@@ -74,8 +75,14 @@ def split_variables(graph: tf.Graph, splits: Dict[str, int]) -> tf.Graph:
     row shards."""
     if not splits:
         return graph
-    state = _State(split_rules.families_of(graph, splits))
-    steps = _steps(graph, state.families, with_gradients=True)
+    try:
+        state = _State(split_rules.families_of(graph, splits))
+        steps = _steps(graph, state.families, with_gradients=True)
+    except split_rules.NotSplittable as why:
+        raise ParallaxError(
+            f"the driver split {', '.join(sorted(splits))} in row shards, which this process's "
+            f"graph cannot be: {why}. The script must build the same graph in every "
+            "process") from None
     _STATES[graph] = state
     with graph.as_default():
         _make_shards(graph, state)
@@ -225,7 +232,7 @@ def _apply(graph, state: _State, steps: List[split_rules.Step]) -> None:
             built = _BUILDERS[step.how](graph, state, step, replaced)
         if built is not None:
             replaced[step.op] = built
-    _rewire_control(replaced)
+    _rewire_control(state, replaced)
     detached = None
     for op in replaced:
         for i, tensor in enumerate(op.inputs):
@@ -319,6 +326,7 @@ def _stands_for(state, old: tf.Tensor, new: tf.Tensor) -> None:
             if tensor is old:
                 consumer._update_input(index, new)  # pylint: disable=protected-access
     state.whole[old.name] = new.name
+    state.whole[old.op.name] = new.op.name  # the op fetched itself (each has one output)
 
 
 def _reduce(graph, state, step, replaced):
@@ -359,7 +367,7 @@ def _shape(graph, state, step, replaced):
     """The shape of a member (VariableShape) or of its rows, whole: a constant."""
     op, family = step.op, _family_of(state, step.op)
     if op.type == "VariableShape":
-        shape = tf.TensorShape(graph.get_operation_by_name(family.variable).get_attr("shape"))
+        shape = tf.TensorShape(op.inputs[0].op.get_attr("shape"))  # the member's (a slot's)
     else:
         shape = op.inputs[0].shape
     with tf.name_scope(f"parallax_split/{op.name}"):
@@ -396,26 +404,29 @@ _BUILDERS = {"clone": _clone, "reduce": _reduce, "gather": _gather, "shape": _sh
              "drop": lambda graph, state, step, replaced: ([], None)}
 
 
-def _rewire_control(replaced: Dict[tf.Operation, tuple]) -> None:
+def _rewire_control(state: _State, replaced: Dict[tf.Operation, tuple]) -> None:
     """A replaced op's control inputs go to its ops per shard (or the one standing for it),
-    mapped: a clone of shard j waits for what stands for a replaced op in shard j, any other op
-    for all of it. Ops that waited for a replaced op wait for what stands for it."""
-    def stand_ins(op, shard):
+    mapped: a clone of shard j waits for what stands for a replaced op of the same variable in
+    shard j, for all of any other op (another variable's shards are other rows). Ops that
+    waited for a replaced op wait for what stands for it."""
+    def stand_ins(op, shard, variable):
         if op not in replaced:
             return [op]
         per_shard, whole = replaced[op]
-        if shard is not None and per_shard:
+        if shard is not None and per_shard and _family_of(state, op).variable == variable:
             return [per_shard[shard]]
         return list(per_shard) + ([whole] if whole is not None else [])
 
     for old, (per_shard, whole) in replaced.items():
+        variable = _family_of(state, old).variable
         for j, clone in enumerate(per_shard):
             clone._add_control_inputs(  # pylint: disable=protected-access
-                [c for control in old.control_inputs for c in stand_ins(control, j)])
+                [c for control in old.control_inputs for c in stand_ins(control, j, variable)])
     waiting = {op for old in replaced
                for op in old._control_outputs  # pylint: disable=protected-access
                if op not in replaced}
     for op in waiting:
-        controls = [c for control in op.control_inputs for c in stand_ins(control, None)]
+        controls = [c for control in op.control_inputs
+                    for c in stand_ins(control, None, None)]
         op._remove_all_control_inputs()  # pylint: disable=protected-access
         op._add_control_inputs(controls)  # pylint: disable=protected-access
