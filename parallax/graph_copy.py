@@ -111,6 +111,8 @@ class GraphMap:
                     copied.input.append(source)
                     tensor = source if ":" in source else source + ":0"
                     input_map[tensor] = self._element(tensor)
+            if "_class" not in copied.attr:  # reading a missing key of the map would add it
+                continue
             targets = [group.decode()[len("loc:@"):] for group in copied.attr["_class"].list.s]
             if any(target not in names for target in targets):
                 colocations[node.name] = targets

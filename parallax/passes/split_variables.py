@@ -409,19 +409,21 @@ def _rewire_control(state: _State, replaced: Dict[tf.Operation, tuple]) -> None:
     mapped: a clone of shard j waits for what stands for a replaced op of the same variable in
     shard j, for all of any other op (another variable's shards are other rows). Ops that
     waited for a replaced op wait for what stands for it."""
+    variable_of = {op: _family_of(state, op).variable for op in replaced}
+
     def stand_ins(op, shard, variable):
         if op not in replaced:
             return [op]
         per_shard, whole = replaced[op]
-        if shard is not None and per_shard and _family_of(state, op).variable == variable:
+        if shard is not None and per_shard and variable_of[op] == variable:
             return [per_shard[shard]]
         return list(per_shard) + ([whole] if whole is not None else [])
 
     for old, (per_shard, whole) in replaced.items():
-        variable = _family_of(state, old).variable
         for j, clone in enumerate(per_shard):
             clone._add_control_inputs(  # pylint: disable=protected-access
-                [c for control in old.control_inputs for c in stand_ins(control, j, variable)])
+                [c for control in old.control_inputs
+                 for c in stand_ins(control, j, variable_of[old])])
     waiting = {op for old in replaced
                for op in old._control_outputs  # pylint: disable=protected-access
                if op not in replaced}
