@@ -105,12 +105,16 @@ def _split_copy(graph: tf.Graph, analysis: GraphAnalysis, decision: Optional[Dec
     """A copy of `graph` to transform, with the variables the decision splits in row shards
     (passes/split_variables.py), and its analysis (`analysis`, when it splits none). A graph
     the driver did not decide for (`decided` False: built after the script's first
-    get_runner, an evaluation graph) splits those it can, and keeps the others whole."""
+    get_runner, an evaluation graph) splits those it can, and keeps the others whole: each in
+    turn if it splits together with those kept before it (two can split alone, not together)."""
     copy = copy_graph(graph)
     splits = dict(decision.splits) if decision is not None else {}
     if not decided:
-        splits = {name: count for name, count in splits.items()
-                  if splittable(copy, [name]) is None}
+        kept = {}
+        for name, count in splits.items():
+            if splittable(copy, [*kept, name]) is None:
+                kept[name] = count
+        splits = kept
     if not splits:
         return copy, analysis
     copy = split_variables(copy, splits)

@@ -289,3 +289,24 @@ def test_a_later_graph_splits_what_it_can_and_the_decided_one_names_what_it_cann
     copy, analysis = _split_copy(_model("adam"), analyze(_model("adam")), decision,
                                  decided=False)
     assert {"table/part_0", "table/part_1"} <= set(analysis.variables)
+
+
+def test_a_later_graph_keeps_whole_what_splits_alone_but_not_with_the_others():
+    """b.assign(a) (a copy of one table into another) splits with either table split, not
+    both: a split b would be assigned a's rows whole."""
+    from parallax.api import _split_copy
+    from parallax.auto import Decision
+
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.get_variable("a", [VOCAB, 4])
+        b = tf.compat.v1.get_variable("b", [VOCAB, 4])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(a, [1]) * tf.nn.embedding_lookup(b, [2]))
+        tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        b.assign(a)
+    assert splittable(graph, ["a"]) is None and splittable(graph, ["b"]) is None
+    assert "AssignVariableOp" in splittable(graph, ["a", "b"])
+    decision = Decision({}, {}, "", splits=[["a", 2], ["b", 2]])
+    _, analysis = _split_copy(graph, analyze(graph), decision, decided=False)
+    assert {"a/part_0", "a/part_1", "b"} <= set(analysis.variables)
+    assert "a" not in analysis.variables and "b/part_0" not in analysis.variables
