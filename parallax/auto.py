@@ -95,23 +95,7 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     except tf.errors.OpError as error:  # in the initializers
         stats, problem = {}, _probe_failure(error, "the graph could not be initialized")
     if problem:
-        methods = {name: {"how": rule(run_option, info).value, "server": None}
-                   for name, info in analysis.variables.items()}
-        splits, whole = {}, {}
-        if split:  # without measurements, the rule's server variables over every machine
-            counts, whole = _splittable_counts(graph, analysis, [], set(), shape)
-            splits = {name: shape.machines for name in counts
-                      if methods[name]["how"] == cost.PS}
-            together = split_variables.splittable(graph, list(splits))
-            if shape.machines < 2 or together:
-                whole.update(dict.fromkeys(splits, together or "the job has one machine"))
-                splits = {}
-        for name, count in splits.items():
-            del methods[name]
-            methods.update({shard_name(name, j): {"how": cost.PS, "server": j}
-                            for j in range(count)})
-        note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits, whole)
-        return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()])
+        return _decision_by_rule(graph, analysis, run_option, split, shape, problem)
     summable = {v.name for v in analysis.sparse if all(
         row_sums.rows_can_be_summed(graph.get_tensor_by_name(r.values),
                                     graph.get_tensor_by_name(r.indices))
@@ -134,23 +118,11 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
             shard_counts=shard_counts, summable=summable, hows=hows, off_servers=off_servers)
 
     chosen, staged = choose(counts)
-    splits = {}
-    splittable, whole = ({}, {}) if split is False else _splittable_counts(
-        graph, analysis, groups, off_servers, shape)
-    if split:  # every one a server holds, over every machine
-        splittable = {name: range(shape.machines, shape.machines + 1) for name in splittable}
-    if splittable:
-        with_splits, with_splits_staged = choose({**counts, **splittable})
-        splits = {name: len(with_splits[name].servers) for name in splittable
-                  if len(with_splits[name].servers) > 1}
-        pays = split or _pays(with_splits, with_splits_staged, chosen, staged, merged, shape,
-                              links)
-        together = split_variables.splittable(graph, list(splits)) if splits else None
-        if splits and pays and together is None:
-            chosen, staged = with_splits, with_splits_staged
-        else:  # not predicted faster enough, or the variables split alone but not together
-            whole.update(dict.fromkeys(splits if together else (), together))
-            splits = {}
+    splits, whole = {}, {}
+    if split is not False:
+        (chosen, staged), splits, whole = _choose_splits(
+            graph, analysis, groups, off_servers, shape, split,
+            lambda more: choose({**counts, **more}), (chosen, staged), merged, links)
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups + [
@@ -182,6 +154,28 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, dataclasses.asdict(links), step, partitions, staged,
                     [[name, count] for name, count in splits.items()])
+
+
+def _decision_by_rule(graph, analysis, run_option, split, shape, problem) -> Decision:
+    """Without measurements (`problem` says why): the run option's rule, HYBRID's for AUTO;
+    with `split` True, its server variables split over every machine."""
+    methods = {name: {"how": rule(run_option, info).value, "server": None}
+               for name, info in analysis.variables.items()}
+    splits, whole = {}, {}
+    if split:
+        counts, whole = _splittable_counts(graph, analysis, [], set(), shape)
+        splits = {name: shape.machines for name in counts
+                  if methods[name]["how"] == cost.PS}
+        together = split_variables.splittable(graph, list(splits))
+        if shape.machines < 2 or together:
+            whole.update(dict.fromkeys(splits, together or "the job has one machine"))
+            splits = {}
+    for name, count in splits.items():
+        del methods[name]
+        methods.update({shard_name(name, j): {"how": cost.PS, "server": j}
+                        for j in range(count)})
+    note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits, whole)
+    return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()])
 
 
 def _rate(bytes_per_second: float) -> str:
@@ -217,6 +211,28 @@ def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool
     seconds = [cost.step_time(choice, stats, shape, links, hierarchical_allreduce=staged)
                for choice, staged in ((split, split_staged), (whole, whole_staged))]
     return seconds[0] * (1 + cost.SPLIT_MARGIN) < seconds[1]
+
+
+def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, whole_plan,
+                   merged, links):
+    """The plan (methods, machine stages) with the variables the user did not partition split
+    where the cost model predicts it pays (with `split` True, every one a server holds, over
+    every machine), those splits, and why each other sparse variable is kept whole. `choose`
+    plans with extra shard counts; `whole_plan` is the plan without splits."""
+    counts, whole = _splittable_counts(graph, analysis, groups, off_servers, shape)
+    if split:
+        counts = {name: range(shape.machines, shape.machines + 1) for name in counts}
+    if not counts:
+        return whole_plan, {}, whole
+    with_splits = choose(counts)
+    splits = {name: len(with_splits[0][name].servers) for name in counts
+              if len(with_splits[0][name].servers) > 1}
+    pays = split or _pays(*with_splits, *whole_plan, merged, shape, links)
+    together = split_variables.splittable(graph, list(splits)) if splits else None
+    if splits and pays and together is None:
+        return with_splits, splits, whole
+    whole.update(dict.fromkeys(splits if together else (), together))  # alone, not together
+    return whole_plan, {}, whole
 
 
 def _splittable_counts(graph, analysis, groups, off_servers, shape
