@@ -290,7 +290,7 @@ def _clone(graph, state, step, replaced):
     for j, inputs in enumerate(per_shard):
         attrs = dict(op.node_def.attr.items())
         if "_class" in attrs:
-            attrs["_class"] = _colocation_of_shard(attrs["_class"], state, replaced, j)
+            attrs["_class"] = _colocation_of_shard(graph, attrs["_class"], state, replaced, j)
         clone = graph._create_op_internal(  # pylint: disable=protected-access
             op.type, inputs, dtypes=[t.dtype for t in op.outputs], name=f"{op.name}/part_{j}",
             attrs=attrs, op_def=op.op_def, compute_device=False)
@@ -303,18 +303,22 @@ def _clone(graph, state, step, replaced):
     return clones, None
 
 
-def _colocation_of_shard(attr, state, replaced, j):
+def _colocation_of_shard(graph, attr, state, replaced, j):
     """A clone is colocated with the shard j of a member, or the clone j of a replaced op; not
     with a replaced op that has no clones."""
-    clones = {op.name: per_shard for op, (per_shard, _) in replaced.items()}
     groups = []
     for group in attr.list.s:
         target = group.decode()[len("loc:@"):]
         if target in state.families:
             groups.append(f"loc:@{state.families[target].shard(target, j)}".encode())
-        elif clones.get(target):
-            groups.append(f"loc:@{clones[target][j].name}".encode())
-        elif target not in clones:
+            continue
+        try:
+            per_shard = replaced.get(graph.get_operation_by_name(target), (None,))[0]
+        except KeyError:  # colocated with an op that is not in the graph: kept as it was
+            per_shard = None
+        if per_shard:
+            groups.append(f"loc:@{per_shard[j].name}".encode())
+        elif per_shard is None:
             groups.append(group)
     return tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(s=groups))
 
