@@ -310,3 +310,43 @@ def test_a_later_graph_keeps_whole_what_splits_alone_but_not_with_the_others():
     _, analysis = _split_copy(graph, analyze(graph), decision, decided=False)
     assert {"a/part_0", "a/part_1", "b"} <= set(analysis.variables)
     assert "a" not in analysis.variables and "b/part_0" not in analysis.variables
+
+
+def test_the_word2vec_tutorial_trains_split_as_whole():
+    """word2vec_basic's graph (examples/word2vec.py): NCE over split weights and biases, a loss
+    summary, a Saver, and the similarity of normalized embeddings, which reads the table
+    whole."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(3)
+        inputs = tf.compat.v1.placeholder(tf.int32, [None], name="inputs")
+        labels = tf.compat.v1.placeholder(tf.int32, [None, 1], name="labels")
+        embeddings = tf.Variable(tf.random.uniform([VOCAB * 5, 8], -1.0, 1.0))
+        nce_weights = tf.Variable(tf.random.truncated_normal([VOCAB * 5, 8], stddev=0.3))
+        nce_biases = tf.Variable(tf.zeros([VOCAB * 5]))
+        loss = tf.reduce_mean(tf.nn.nce_loss(
+            weights=nce_weights, biases=nce_biases, labels=labels,
+            inputs=tf.nn.embedding_lookup(embeddings, inputs), num_sampled=8,
+            num_classes=VOCAB * 5))
+        tf.compat.v1.summary.scalar("loss", loss)
+        train = tf.compat.v1.train.GradientDescentOptimizer(1.0).minimize(loss)
+        normalized = embeddings / tf.sqrt(tf.reduce_sum(tf.square(embeddings), 1, keepdims=True))
+        similarity = tf.matmul(tf.nn.embedding_lookup(normalized, [1, 2, 3]), normalized,
+                               transpose_b=True)
+        summaries = tf.compat.v1.summary.merge_all()
+        tf.compat.v1.train.Saver()
+    assert len(analyze(graph).sparse) == 3
+
+    def trained(shards):
+        runner, rng = _Runner(graph, _split(graph, shards)), np.random.RandomState(0)
+        losses = [runner.run([loss, summaries, train], {
+            inputs: rng.randint(0, VOCAB * 5, 16),
+            labels: rng.randint(0, VOCAB * 5, (16, 1))})[0] for _ in range(5)]
+        return losses, runner.run(similarity), runner.variables()
+
+    (expected_losses, expected_similarity, expected), (losses, similarity_, variables) = (
+        trained(1), trained(3))
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-6)
+    np.testing.assert_allclose(similarity_, expected_similarity, rtol=1e-5, atol=1e-6)
+    for name, value in variables.items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-6, err_msg=name)

@@ -162,8 +162,9 @@ def _make_shards(graph, state: _State) -> None:
             initial = _initial_value(graph, variables, member, state.families)
             shards = []
             for j in range(family.shards):
-                colocation = (tf.compat.v1.colocate_with(primaries[j]) if primaries else
-                              tf.compat.v1.colocate_with(None, ignore_existing=True))
+                # Graph.colocate_with: tf.compat.v1.colocate_with logs a deprecation warning
+                colocation = graph.colocate_with(primaries[j] if primaries else None,
+                                                 ignore_existing=not primaries)
                 with tf.device(variable.op.device), colocation:
                     shards.append(tf.compat.v1.Variable(
                         tf.gather(initial, family.rows_of(j)), name=family.shard(member, j),
