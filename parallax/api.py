@@ -24,7 +24,7 @@ from parallax.graph_copy import GraphMap, copy_graph
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
-from parallax.passes.split_variables import split_variables, splittable
+from parallax.passes.split_variables import split_variables, splittable_in_turn
 from parallax.plan import (Sync, describe, effective_run_option, make_plan, uses_horovod,
                            validate)
 from parallax.session import ParallaxRunner
@@ -105,16 +105,12 @@ def _split_copy(graph: tf.Graph, analysis: GraphAnalysis, decision: Optional[Dec
     """A copy of `graph` to transform, with the variables the decision splits in row shards
     (passes/split_variables.py), and its analysis (`analysis`, when it splits none). A graph
     the driver did not decide for (`decided` False: built after the script's first
-    get_runner, an evaluation graph) splits those it can, and keeps the others whole: each in
-    turn if it splits together with those kept before it (two can split alone, not together)."""
+    get_runner, an evaluation graph) splits those it can in turn, as the driver chose them
+    (split_variables.splittable_in_turn), and keeps the others whole."""
     copy = copy_graph(graph)
     splits = dict(decision.splits) if decision is not None else {}
     if not decided:
-        kept = {}
-        for name, count in splits.items():
-            if splittable(copy, [*kept, name]) is None:
-                kept[name] = count
-        splits = kept
+        splits = {name: splits[name] for name in splittable_in_turn(copy, list(splits))[0]}
     if not splits:
         return copy, analysis
     copy = split_variables(copy, splits)

@@ -158,18 +158,20 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
 
 def _decision_by_rule(graph, analysis, run_option, split, shape, problem) -> Decision:
     """Without measurements (`problem` says why): the run option's rule, HYBRID's for AUTO;
-    with `split` True, its server variables split over every machine."""
+    with `split` True, its server variables split over every machine, in turn, the largest
+    first (split_variables.splittable_in_turn)."""
     methods = {name: {"how": rule(run_option, info).value, "server": None}
                for name, info in analysis.variables.items()}
     splits, whole = {}, {}
     if split:
         counts, whole = _splittable_counts(graph, analysis, [], set(), shape)
-        splits = {name: shape.machines for name in counts
-                  if methods[name]["how"] == cost.PS}
-        together = split_variables.splittable(graph, list(splits))
-        if shape.machines < 2 or together:
-            whole.update(dict.fromkeys(splits, together or "the job has one machine"))
-            splits = {}
+        on_servers = [name for name in counts if methods[name]["how"] == cost.PS]
+        if shape.machines < 2:
+            whole.update(dict.fromkeys(on_servers, "the job has one machine"))
+        else:
+            kept, apart = split_variables.splittable_in_turn(graph, sorted(
+                on_servers, key=lambda name: -analysis.variables[name].nbytes))
+            splits, whole = dict.fromkeys(kept, shape.machines), {**whole, **apart}
     for name, count in splits.items():
         del methods[name]
         methods.update({shard_name(name, j): {"how": cost.PS, "server": j}
@@ -217,21 +219,26 @@ def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, w
                    merged, links):
     """The plan (methods, machine stages) with the variables the user did not partition split
     where the cost model predicts it pays (with `split` True, every one a server holds, over
-    every machine), those splits, and why each other sparse variable is kept whole. `choose`
-    plans with extra shard counts; `whole_plan` is the plan without splits."""
+    every machine), those splits, and why each other sparse variable is kept whole. Of those
+    the plan splits that cannot split together, the largest are kept split in turn
+    (split_variables.splittable_in_turn) and the plan is chosen again without the others.
+    `choose` plans with extra shard counts; `whole_plan` is the plan without splits."""
     counts, whole = _splittable_counts(graph, analysis, groups, off_servers, shape)
     if split:
         counts = {name: range(shape.machines, shape.machines + 1) for name in counts}
-    if not counts:
-        return whole_plan, {}, whole
-    with_splits = choose(counts)
-    splits = {name: len(with_splits[0][name].servers) for name in counts
-              if len(with_splits[0][name].servers) > 1}
-    pays = split or _pays(*with_splits, *whole_plan, merged, shape, links)
-    together = split_variables.splittable(graph, list(splits)) if splits else None
-    if splits and pays and together is None:
+    splits = {}
+    while counts:  # each round keeps whole one more variable at least, or ends
+        with_splits = choose(counts)
+        splits = {name: len(with_splits[0][name].servers) for name in counts
+                  if len(with_splits[0][name].servers) > 1}
+        apart = split_variables.splittable_in_turn(
+            graph, sorted(splits, key=lambda name: -merged[name].nbytes))[1]
+        if not apart:
+            break
+        whole.update(apart)
+        counts = {name: shards for name, shards in counts.items() if name not in apart}
+    if splits and (split or _pays(*with_splits, *whole_plan, merged, shape, links)):
         return with_splits, splits, whole
-    whole.update(dict.fromkeys(splits if together else (), together))  # alone, not together
     return whole_plan, {}, whole
 
 

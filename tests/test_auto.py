@@ -123,6 +123,48 @@ def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
     assert split.splits == [] and "kept whole: table (While" in split.note
 
 
+def _copied_tables(feed: bool) -> tf.Graph:
+    """Two tables read as words are read, `small` (by a tenth of the batch) copied into
+    `large` (of doubles, twice the bytes): either splits alone, not both (a split `large` would
+    be assigned `small`'s rows whole)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        if feed:
+            ids = tf.compat.v1.placeholder(tf.int64, [None])
+        else:
+            drawn = np.minimum(np.random.RandomState(0).zipf(1.1, (64, 500)), 50_000) - 1
+            ids = tf.compat.v1.data.make_one_shot_iterator(
+                tf.data.Dataset.from_tensor_slices(drawn.astype(np.int64))).get_next()
+        small = tf.compat.v1.get_variable("small", [50_000, 64])
+        large = tf.compat.v1.get_variable("large", [50_000, 64], tf.float64)
+        w = tf.compat.v1.get_variable("w", [128, 1])
+        features = tf.concat([tf.nn.embedding_lookup(small, ids[:50]),
+                              tf.cast(tf.nn.embedding_lookup(large, ids[:50]), tf.float32)], 1)
+        loss = tf.reduce_sum(tf.matmul(features, w)) + tf.cast(
+            tf.reduce_sum(tf.nn.embedding_lookup(large, ids)), tf.float32)
+        tf.compat.v1.train.AdamOptimizer().minimize(loss)
+        large.assign(tf.cast(small, tf.float64))
+    return graph
+
+
+@pytest.mark.parametrize("feed,split", [(False, None), (False, True), (True, True)],
+                         ids=["measured", "split-measured", "split-by-rule"])
+def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, split):
+    """As a later graph splits them (api._split_copy): the driver keeps the larger table split
+    and the other whole, saying why, where it kept both whole."""
+    graph = _copied_tables(feed)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO, split=split)
+    assert decision.splits == [["large", 2]]
+    assert {decision.methods[f"large/part_{j}"]["server"] for j in range(2)} == {0, 1}
+    assert decision.methods["small"]["how"] == cost.PS
+    assert "kept whole: small (" in decision.note and "uses 'large'" in decision.note
+    plan = make_plan(  # as the workers plan it, `large` split in their copy
+        analyze(split_variables(copy_graph(graph), dict(decision.splits))), Config("AUTO"),
+        Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]), decision=decision)
+    assert [line.split()[0] for line in describe(plan).splitlines()
+            if line.startswith(("small", "large"))] == ["small", "large/part_0", "large/part_1"]
+
+
 def test_a_table_every_batch_reads_whole_is_allreduced():
     graph = _graph(vocab=1000, ids_per_batch=20_000)
     decision = decide(graph, analyze(graph), TWO_BY_TWO)

@@ -65,6 +65,21 @@ def splittable(graph: tf.Graph, variables: List[str]) -> Optional[str]:
     return None
 
 
+def splittable_in_turn(graph: tf.Graph, variables: List[str]
+                       ) -> Tuple[List[str], Dict[str, str]]:
+    """Of `variables`, those split together, taken in turn, each kept where it splits with those
+    kept before it (two tables may split alone and not together: b.assign(a)); and why each
+    other one stays whole. The driver and a later graph split alike by it."""
+    kept, whole = [], {}
+    for name in variables:
+        why = splittable(graph, [*kept, name])
+        if why is None:
+            kept.append(name)
+        else:
+            whole[name] = why
+    return kept, whole
+
+
 def _steps(graph, families, with_gradients) -> List[split_rules.Step]:
     return split_rules.classify(families, split_rules.sources_of(graph, families,
                                                                  with_gradients))
