@@ -193,9 +193,16 @@ def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
 
 def _per_worker_ops(graph: tf.Graph, gradient_names: set) -> set:
     """Names of ops computed from a worker's own data without passing through a gradient
-    (gradients are aggregated, hence the same on every worker)."""
-    sources = [op for op in graph.get_operations() if op.type.startswith(_PER_WORKER_SOURCES)]
+    (gradients are aggregated, hence the same on every worker). A placeholder of one value (a
+    learning rate, a dropout rate) is a setting every worker feeds alike, as the same script
+    computes it, not data."""
+    sources = [op for op in graph.get_operations() if op.type.startswith(_PER_WORKER_SOURCES)
+               and not _is_setting(op)]
     return _data_downstream(sources, stop=gradient_names)
+
+
+def _is_setting(op: tf.Operation) -> bool:
+    return op.type.startswith("Placeholder") and op.outputs[0].shape.rank == 0
 
 
 def _data_downstream(ops, stop: set) -> set:
@@ -238,10 +245,17 @@ def _check_not_an_uncaptured_update(graph, name, write_ops) -> None:
 def _check_averageable(graph, write, name) -> None:
     op = graph.get_operation_by_name(write)
     if op.type not in _AVERAGEABLE_WRITES:
+        upstream = _upstream_ops(op.inputs) | {t.op for t in op.inputs}
+        shapeless = sorted(p.name for p in upstream if p.type.startswith("Placeholder")
+                           and p.outputs[0].shape.rank is None)
+        hint = (f" If {shapeless[0]!r} is a setting every worker feeds alike (a learning "
+                "rate), give it its scalar shape: tf.compat.v1.placeholder(tf.float32, [])"
+                if shapeless else "")
         raise ParallaxError(
             f"{op.type} {write!r} writes {name!r} from each worker's own data; Parallax keeps "
             "such state identical on every worker by averaging the written value, which only "
-            "assignments (assign, assign_add, assign_sub) allow. Write it with one of them")
+            f"assignments (assign, assign_add, assign_sub) allow. Write it with one of them."
+            + hint)
 
 
 def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:

@@ -49,6 +49,27 @@ def test_moving_averages_are_extra_state_of_their_variable():
     assert state["w/Momentum"].owner == "w"
 
 
+@pytest.mark.parametrize("optimizer", ["Momentum", "Adam", "Adagrad", "RMSProp", "Ftrl"])
+def test_a_learning_rate_fed_through_a_scalar_placeholder_is_a_setting_not_data(optimizer):
+    """Every worker feeds it alike: the slots its updates write are not per-worker state (which
+    would be averaged, and a fused update cannot be)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        rate = tf.compat.v1.placeholder(tf.float32, [], name="learning_rate")
+        _build_loss_and(getattr(tf.compat.v1.train, f"{optimizer}Optimizer")(
+            rate, **({"momentum": 0.9} if optimizer == "Momentum" else {})))
+    state = analyze(graph).extra_state
+    slots = [name for name in state if name.startswith(("embedding/", "w/"))]
+    assert slots and not any(state[name].per_worker for name in slots)
+
+
+def _build_loss_and(optimizer):
+    ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")  # data: a batch of ids
+    embedding = tf.compat.v1.get_variable("embedding", [4, 2])
+    w = tf.compat.v1.get_variable("w", [2, 1])
+    optimizer.minimize(tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(embedding, ids), w)))
+
+
 def test_graph_without_gradients_is_refused_with_advice():
     graph = tf.Graph()
     with graph.as_default():

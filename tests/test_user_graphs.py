@@ -56,12 +56,12 @@ def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
         assert result.stdout.count("runner.run(init) skipped") == WORKERS
 
 
-@pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary"])
+@pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary", "schedule"])
 def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_device(
         tmp_path, shape):
     """Config(split_variables=True) in HYBRID: each embedding in a row shard on each server
     (passes/split_variables.py), with two optimizers, a dense apply of accumulated gradients,
-    gradient histograms, moving averages."""
+    gradient histograms, moving averages, a fed learning rate."""
     result = _train(tmp_path, shape, "HYBRID", "--split-variables")
     plan = [line for line in result.stdout.splitlines() if "/emb/part_" in line]
     assert plan and all("parameter server" in line for line in plan), result.stdout[-3000:]
@@ -153,6 +153,17 @@ def test_per_worker_state_written_by_a_scatter_is_refused():
         seen = tf.Variable(tf.zeros([4]), trainable=False, name="seen")
         tf.compat.v1.scatter_update(seen, [0], tf.reshape(loss, [1]))
     _assert_refused(build, "'seen'.*assignments")
+
+
+def test_a_learning_rate_placeholder_without_shape_is_refused_saying_how_to_shape_it():
+    """A placeholder of unknown shape may carry a batch: its fused slot update is refused, and
+    the error says how to declare it a setting (the 'schedule' shape trains with one)."""
+    def build(x):
+        _, loss = _dense(x)
+        rate = tf.compat.v1.placeholder(tf.float32, name="learning_rate")
+        tf.compat.v1.train.MomentumOptimizer(rate, 0.9).minimize(loss)
+    _assert_refused(build, r"'w/Momentum'.*If 'learning_rate' is a setting every worker feeds "
+                           r"alike \(a learning rate\), give it its scalar shape")
 
 
 def test_fused_batch_norm_is_refused_with_sync_batch_norm():

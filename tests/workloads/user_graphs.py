@@ -192,6 +192,31 @@ def summary():
     return inputs, loop
 
 
+def schedule():
+    """A learning rate fed through a placeholder every step (TF1's schedules), the loss
+    summarized with it, Momentum (a slot updated with the fed rate, sparsely for the
+    embedding)."""
+    inputs = _inputs()
+    learning_rate = tf.compat.v1.placeholder(tf.float32, [], name="learning_rate")
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.MomentumOptimizer(learning_rate, 0.9).minimize(
+        loss, global_step=global_step)
+    summary_op = tf.compat.v1.summary.merge([tf.compat.v1.summary.scalar("loss", loss),
+                                             tf.compat.v1.summary.scalar("lr", learning_rate)])
+
+    def loop(run, feed, is_chief):
+        fetched = []
+        for step in range(STEPS):
+            rate = {learning_rate: 0.2 * 0.8 ** step}
+            run(train_op, {**feed(step), **rate})
+            if is_chief and step % 5 == 0:
+                run(summary_op, {**feed(step), **rate})
+            fetched.append(run(global_step))
+        return fetched
+    return inputs, loop
+
+
 def references():
     """TF1 code with reference variables (use_resource=False, as tf.compat.v1 made them before
     resource variables): Adam's sparse update of a reference variable computes the variable's
@@ -268,7 +293,7 @@ def batchnorm():
 
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
-          "references": references, "cond": cond}
+          "references": references, "cond": cond, "schedule": schedule}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
