@@ -150,7 +150,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
         note += f"; compute not measured ({compute_problem})"
     step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0,
                           hierarchical_allreduce=staged)
-    note += f"; predicted step {1000 * step:.0f} ms"
+    note += (f"; predicted step {1000 * step:.0f} ms" if timed
+             else f"; predicted communication {1000 * step:.0f} ms a step")
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, dataclasses.asdict(links), step, partitions, staged,
                     [[name, count] for name, count in splits.items()])
@@ -335,7 +336,7 @@ def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,
             for name, values in session.run(sparse).items():
                 ids[name].append(np.concatenate([v.ravel() for v in values]))
     except tf.errors.InvalidArgumentError as error:
-        return {}, f"the input could not be read before the job ({error.message})"
+        return {}, f"the input could not be read before the job ({_reason(error.message)})"
     except (tf.errors.OpError, ValueError) as error:  # ValueError: ids in a loop's body
         return {}, _probe_failure(error, "the probe of the input failed")
     stats = {}
@@ -393,4 +394,13 @@ def _probe_failure(error: Exception, failed: str) -> str:
         return (f"{failed}: a run waited more than {PROBE_RUN_SECONDS} s (for input only the "
                 "workers can read?)")
     message = error.message if isinstance(error, tf.errors.OpError) else str(error)
-    return f"{failed}: {message.splitlines()[0]}"
+    return f"{failed}: {_reason(message)}"
+
+
+def _reason(message: str) -> str:
+    """The line of a TensorFlow error that says what went wrong: not its heading ("Graph
+    execution error:"), the stack where the op was defined, nor the node's name."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    said = [line for line in lines if not line[0].isspace() and not line.startswith((
+        "Graph execution error", "Detected at node", "Node:"))]
+    return (said or lines or [message])[0]
