@@ -312,6 +312,9 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
     process's CPU time: every update the graph makes from its gradients, run after one warm-up
     step; the medians of `steps`. Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
+    fed = _fed_placeholders(session.graph, writes)
+    if fed:
+        return None, f"the step needs {fed!r} fed"
     seconds, cpu_seconds = [], []
     try:
         for _ in range(steps + 1):
@@ -331,6 +334,9 @@ def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,
     sparse = {v.name: [session.graph.get_tensor_by_name(r.indices) for r in v.gradients
                        if r.is_sparse] for v in analysis.sparse}
     ids: Dict[str, List[np.ndarray]] = {name: [] for name in sparse}
+    fed = _fed_placeholders(session.graph, [t.op.name for ts in sparse.values() for t in ts])
+    if fed:
+        return {}, f"the input comes through feed_dict ({fed!r})"
     try:
         for _ in range(batches if sparse else 0):
             for name, values in session.run(sparse).items():
@@ -385,6 +391,22 @@ def _probe_session(graph: tf.Graph):
         finally:
             coordinator.request_stop()
             coordinator.join(threads, stop_grace_period_secs=10)
+
+
+def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> Optional[str]:
+    """The first placeholder without a default that the ops named wait for (by data or
+    control): what only the user's feed_dict gives, which a probe run would fail without (and
+    TensorFlow log its failure into the user's output)."""
+    seen, stack = set(), [graph.get_operation_by_name(name) for name in op_names]
+    while stack:
+        op = stack.pop()
+        if op.type == "Placeholder":
+            return op.name
+        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return None
 
 
 def _probe_failure(error: Exception, failed: str) -> str:
