@@ -123,13 +123,18 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
                                        shape=tuple(shape.as_list()), gradients=grads,
                                        update_ops=writes.get(name, []))
 
-    per_worker_ops = _per_worker_ops(graph, {t.name for t in gradient_tensors})
+    gradient_names = {t.name for t in gradient_tensors}
+    per_worker_ops = _per_worker_ops(graph, gradient_names)
+    from_data = _per_worker_ops(graph, gradient_names, settings=False)
     extra_state = collections.OrderedDict()
     for name, write_ops in writes.items():
         if name in variables:
             continue
         _check_not_an_uncaptured_update(graph, name, write_ops)
-        per_worker = [w for w in write_ops if w in per_worker_ops]
+        # A fused update (a slot's) of a setting (a fed learning rate) writes what every
+        # worker writes; an assignment of one is averaged all the same.
+        per_worker = [w for w in write_ops if w in per_worker_ops and (
+            w in from_data or graph.get_operation_by_name(w).type in _AVERAGEABLE_WRITES)]
         for write in per_worker:
             _check_averageable(graph, write, name)
         extra_state[name] = ExtraState(
@@ -191,13 +196,13 @@ def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
     return writes
 
 
-def _per_worker_ops(graph: tf.Graph, gradient_names: set) -> set:
+def _per_worker_ops(graph: tf.Graph, gradient_names: set, settings: bool = True) -> set:
     """Names of ops computed from a worker's own data without passing through a gradient
-    (gradients are aggregated, hence the same on every worker). A placeholder of one value (a
-    learning rate, a dropout rate) is a setting every worker feeds alike, as the same script
-    computes it, not data."""
+    (gradients are aggregated, hence the same on every worker); with `settings` False, not
+    from settings: a placeholder of one value (a learning rate, a dropout rate), which every
+    worker feeds alike, as the same script computes it."""
     sources = [op for op in graph.get_operations() if op.type.startswith(_PER_WORKER_SOURCES)
-               and not _is_setting(op)]
+               and (settings or not _is_setting(op))]
     return _data_downstream(sources, stop=gradient_names)
 
 

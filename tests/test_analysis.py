@@ -63,6 +63,19 @@ def test_a_learning_rate_fed_through_a_scalar_placeholder_is_a_setting_not_data(
     assert slots and not any(state[name].per_worker for name in slots)
 
 
+def test_a_variable_assigned_a_setting_is_averaged_as_state_written_from_data():
+    """The PTB tutorial's learning rate: a variable assigned from a fed placeholder. An
+    assignment can be averaged over workers (the same value when all feed it alike)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        rate = tf.Variable(0.1, trainable=False, name="lr")
+        new_rate = tf.compat.v1.placeholder(tf.float32, [], name="new_learning_rate")
+        tf.compat.v1.assign(rate, new_rate)
+        _build_loss_and(tf.compat.v1.train.MomentumOptimizer(rate, 0.9))
+    state = analyze(graph).extra_state
+    assert state["lr"].per_worker and not state["w/Momentum"].per_worker
+
+
 def _build_loss_and(optimizer):
     ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")  # data: a batch of ids
     embedding = tf.compat.v1.get_variable("embedding", [4, 2])
