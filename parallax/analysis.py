@@ -202,11 +202,12 @@ def _per_worker_ops(graph: tf.Graph, gradient_names: set, settings: bool = True)
     from settings: a placeholder of one value (a learning rate, a dropout rate), which every
     worker feeds alike, as the same script computes it."""
     sources = [op for op in graph.get_operations() if op.type.startswith(_PER_WORKER_SOURCES)
-               and (settings or not _is_setting(op))]
+               and (settings or not is_setting(op))]
     return _data_downstream(sources, stop=gradient_names)
 
 
-def _is_setting(op: tf.Operation) -> bool:
+def is_setting(op: tf.Operation) -> bool:
+    """A placeholder of one value: a learning rate, a dropout rate, is_training."""
     return op.type.startswith("Placeholder") and op.outputs[0].shape.rank == 0
 
 

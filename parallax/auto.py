@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax import cost
-from parallax.analysis import GraphAnalysis
+from parallax.analysis import GraphAnalysis, is_setting
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
 from parallax.partitioner import (DECISION_ENV, Partitioned, partitioned_variables,
@@ -313,13 +313,16 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
     step; the medians of `steps`. Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
     fed = _fed_placeholders(session.graph, writes)
-    if fed:
-        return None, f"the step needs {fed!r} fed"
+    data = [op.name for op in fed if not is_setting(op) or op.outputs[0].dtype == tf.string]
+    if data:
+        return None, f"the step needs {data[0]!r} fed"
+    # A setting's value does not change what a step computes: 1 (True: training) times it.
+    settings = {op.outputs[0]: np.ones((), op.outputs[0].dtype.as_numpy_dtype) for op in fed}
     seconds, cpu_seconds = [], []
     try:
         for _ in range(steps + 1):
             start, cpu_start = time.perf_counter(), time.process_time()
-            session.run(writes)
+            session.run(writes, settings)
             seconds.append(time.perf_counter() - start)
             cpu_seconds.append(time.process_time() - cpu_start)
     except (tf.errors.OpError, ValueError) as error:  # ValueError: an update in a tf.cond
@@ -336,7 +339,7 @@ def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,
     ids: Dict[str, List[np.ndarray]] = {name: [] for name in sparse}
     fed = _fed_placeholders(session.graph, [t.op.name for ts in sparse.values() for t in ts])
     if fed:
-        return {}, f"the input comes through feed_dict ({fed!r})"
+        return {}, f"the input comes through feed_dict ({fed[0].name!r})"
     try:
         for _ in range(batches if sparse else 0):
             for name, values in session.run(sparse).items():
@@ -393,20 +396,20 @@ def _probe_session(graph: tf.Graph):
             coordinator.join(threads, stop_grace_period_secs=10)
 
 
-def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> Optional[str]:
-    """The first placeholder without a default that the ops named wait for (by data or
-    control): what only the user's feed_dict gives, which a probe run would fail without (and
+def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> List[tf.Operation]:
+    """The placeholders without a default that the ops named wait for (by data or control):
+    what only the user's feed_dict gives, which a probe run would fail without (and
     TensorFlow log its failure into the user's output)."""
-    seen, stack = set(), [graph.get_operation_by_name(name) for name in op_names]
+    fed, seen, stack = [], set(), [graph.get_operation_by_name(name) for name in op_names]
     while stack:
         op = stack.pop()
         if op.type == "Placeholder":
-            return op.name
+            fed.append(op)
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
             if parent not in seen:
                 seen.add(parent)
                 stack.append(parent)
-    return None
+    return fed
 
 
 def _probe_failure(error: Exception, failed: str) -> str:

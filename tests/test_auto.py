@@ -274,13 +274,27 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
 def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():
     graph = _graph(vocab=1000, ids_per_batch=20)
     with graph.as_default():  # a second input, fed: the probe reads the ids, the step needs both
-        scale = tf.compat.v1.placeholder(tf.float32, [])
+        weights = tf.compat.v1.placeholder(tf.float32, [None], name="weights")
         w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
-        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(w) * scale)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w) * tf.reduce_sum(weights))
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is None and (
-        "compute not measured (the step needs 'Placeholder' fed); predicted communication "
+        "compute not measured (the step needs 'weights' fed); predicted communication "
         in decision.note)
+
+
+def test_a_step_with_a_fed_learning_rate_is_timed_with_it_fed():
+    """A setting (a placeholder of one value) does not change what the step computes."""
+    graph = _graph(vocab=1000, ids_per_batch=20)
+    with graph.as_default():
+        rate = tf.compat.v1.placeholder(tf.float32, [], name="learning_rate")
+        training = tf.compat.v1.placeholder(tf.bool, [], name="is_training")
+        w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
+        tf.compat.v1.train.MomentumOptimizer(rate, 0.9).minimize(
+            tf.reduce_sum(w) * tf.cast(training, tf.float32))
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.compute is not None and "predicted step" in decision.note
 
 
 def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():
