@@ -151,16 +151,16 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     fused = [op.name for op in graph.get_operations()
              if op.type.startswith("FusedBatchNorm")
              and not op.type.startswith("FusedBatchNormGrad") and op.get_attr("is_training")]
-    ahead = _upstream_ops(gradient_tensors)
+    ahead = upstream_ops(t.op for t in gradient_tensors)
     before_gradients = {w for ops in writes.values() for w in ops
                         if graph.get_operation_by_name(w) in ahead}
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
                          batch_moments(graph), fused, before_gradients)
 
 
-def _upstream_ops(tensors) -> set:
-    """Every op the tensors wait for, by data or control."""
-    ahead, stack = set(), [t.op for t in tensors]
+def upstream_ops(ops) -> set:
+    """Every op the ops wait for, by data or control."""
+    ahead, stack = set(), list(ops)
     while stack:
         op = stack.pop()
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
@@ -251,8 +251,7 @@ def _check_not_an_uncaptured_update(graph, name, write_ops) -> None:
 def _check_averageable(graph, write, name) -> None:
     op = graph.get_operation_by_name(write)
     if op.type not in _AVERAGEABLE_WRITES:
-        upstream = _upstream_ops(op.inputs) | {t.op for t in op.inputs}
-        shapeless = sorted(p.name for p in upstream if p.type.startswith("Placeholder")
+        shapeless = sorted(p.name for p in upstream_ops([op]) if p.type.startswith("Placeholder")
                            and p.outputs[0].shape.rank is None)
         hint = (f" If {shapeless[0]!r} is a setting every worker feeds alike (a learning "
                 "rate), give it its scalar shape: tf.compat.v1.placeholder(tf.float32, [])"

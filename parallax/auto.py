@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax import cost
-from parallax.analysis import GraphAnalysis, is_setting
+from parallax.analysis import GraphAnalysis, is_setting, upstream_ops
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
 from parallax.partitioner import (DECISION_ENV, Partitioned, partitioned_variables,
@@ -400,16 +400,9 @@ def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> List[tf.Operation
     """The placeholders without a default that the ops named wait for (by data or control):
     what only the user's feed_dict gives, which a probe run would fail without (and
     TensorFlow log its failure into the user's output)."""
-    fed, seen, stack = [], set(), [graph.get_operation_by_name(name) for name in op_names]
-    while stack:
-        op = stack.pop()
-        if op.type == "Placeholder":
-            fed.append(op)
-        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return fed
+    ops = [graph.get_operation_by_name(name) for name in op_names]
+    return sorted((op for op in {*ops, *upstream_ops(ops)} if op.type == "Placeholder"),
+                  key=lambda op: op.name)
 
 
 def _probe_failure(error: Exception, failed: str) -> str:
