@@ -27,6 +27,7 @@ from parallax.passes.ps import SERVER_STATE_COLLECTION
 from parallax.passes.split_variables import split_variables, splittable_in_turn
 from parallax.plan import (Sync, describe, effective_run_option, make_plan, uses_horovod,
                            validate)
+from parallax.server import start_server
 from parallax.session import ParallaxRunner
 from runner.control import start_heartbeat
 from runner.output import PAST_STARTUP
@@ -197,11 +198,8 @@ def _past_startup() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _server_of_process(cluster_json, worker_id, sess_config_bytes):
-    cluster = Cluster.from_json(cluster_json)
-    return tf.compat.v1.train.Server(
-        tf.train.ClusterSpec({"ps": cluster.servers, "worker": cluster.workers}),
-        job_name="worker", task_index=worker_id,
-        config=tf.compat.v1.ConfigProto.FromString(sess_config_bytes))
+    return start_server(Cluster.from_json(cluster_json), "worker", worker_id,
+                        tf.compat.v1.ConfigProto.FromString(sess_config_bytes))
 
 
 def _worker_server(cluster, sess_config):

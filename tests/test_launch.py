@@ -3,6 +3,7 @@ no process left behind whatever happens."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -223,3 +224,35 @@ def test_a_later_graph_that_needs_servers_the_job_lacks_is_refused(tmp_path):
     assert result.returncode != 0
     assert "this graph puts 'table' on a parameter server, and the job has none" in (
         result.stdout + result.stderr)
+
+
+HELD_PORT = """
+import sys
+import tensorflow as tf
+import parallax
+
+tf.compat.v1.disable_eager_execution()
+graph = tf.Graph()
+with graph.as_default():
+    table = tf.compat.v1.get_variable("table", [10, 4])
+    loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [1, 2]))
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+runner = parallax.get_runner(graph, "localhost:0", parallax.Config(
+    run_option="PS", base_port=int(sys.argv[1])))
+runner.run(train)
+runner.close()
+"""
+
+
+def test_a_port_another_process_holds_is_named(tmp_path):
+    """TensorFlow says only "Could not start gRPC server"; the job names the port."""
+    script = tmp_path / "held_port.py"
+    script.write_text(HELD_PORT)
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        worker_port = holder.getsockname()[1]  # the server takes base_port, worker 0 the next
+        result = run_job(str(script), str(worker_port - 1), timeout=300)
+    assert result.returncode != 0
+    assert f"worker 0 cannot listen on localhost:{worker_port}: another process holds the " \
+           "port" in result.stdout + result.stderr

@@ -4,6 +4,7 @@ import shlex
 import subprocess
 import sys
 
+from runner.free_ports import ephemeral_range
 from runner.ssh import SSHConfig, environment_line, forwarded_env
 
 
@@ -28,10 +29,13 @@ def test_remote_command_quotes_every_word(tmp_path):
     assert not marker.exists()
 
 
-def test_free_ports_module_prints_distinct_ports():
+def test_free_ports_module_prints_distinct_ports_below_the_ephemeral_range():
+    """Below the range the kernel takes source ports and port-0 binds from, so none of the
+    job's own connections can take a port between its choice and its server's bind."""
     out = subprocess.run([sys.executable, "-m", "runner.free_ports", "5"], capture_output=True,
                          text=True, check=True).stdout.split()
-    assert len(set(out)) == 5 and all(1024 <= int(p) < 65536 for p in out)
+    low, _ = ephemeral_range()
+    assert len(set(out)) == 5 and all(1024 <= int(p) < low for p in out)
 
 
 def test_the_environment_travels_over_the_channel_not_the_command_line(monkeypatch):
