@@ -313,10 +313,12 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
     step; the medians of `steps`. Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
     fed = _fed_placeholders(session.graph, writes)
-    data = [op.name for op in fed if not is_setting(op) or op.outputs[0].dtype == tf.string]
+    # A rate's value (a float setting) or is_training's does not change how much a step
+    # computes: 1 (True: training) times it. An integer one may size the batch.
+    data = [op.name for op in fed if not is_setting(op)
+            or not (op.outputs[0].dtype.is_floating or op.outputs[0].dtype == tf.bool)]
     if data:
         return None, f"the step needs {data[0]!r} fed"
-    # A setting's value does not change what a step computes: 1 (True: training) times it.
     settings = {op.outputs[0]: np.ones((), op.outputs[0].dtype.as_numpy_dtype) for op in fed}
     seconds, cpu_seconds = [], []
     try:

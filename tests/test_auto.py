@@ -297,6 +297,19 @@ def test_a_step_with_a_fed_learning_rate_is_timed_with_it_fed():
     assert decision.compute is not None and "predicted step" in decision.note
 
 
+def test_a_step_sized_by_a_fed_integer_is_not_timed():
+    """An integer setting may be the batch size: timed with 1 it would be a batch of one."""
+    graph = _graph(vocab=1000, ids_per_batch=20)
+    with graph.as_default():
+        batch = tf.compat.v1.placeholder(tf.int32, [], name="batch_size")
+        w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.random.normal([batch, 64]) @ w))
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.compute is None
+    assert "compute not measured (the step needs 'batch_size' fed)" in decision.note
+
+
 def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
