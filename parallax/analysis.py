@@ -176,7 +176,7 @@ _AVERAGEABLE_WRITES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVari
 # Ops whose outputs differ from worker to worker: its data, and its random numbers.
 _PER_WORKER_SOURCES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead",
                        "Random", "TruncatedNormal", "Multinomial")
-_RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
+RESTORE_OP_TYPES = ("RestoreV2", "Restore", "RestoreSlice")
 
 
 def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
@@ -186,7 +186,7 @@ def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
                     graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
                     + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)}
     restored = _data_downstream(
-        [op for op in graph.get_operations() if op.type in _RESTORE_OPS], stop=set())
+        [op for op in graph.get_operations() if op.type in RESTORE_OP_TYPES], stop=set())
     writes = {}
     for variable, ops in _writes_by_variable(graph).items():
         kept = [w for w in ops if w not in initializers and w != f"{variable}/Assign"

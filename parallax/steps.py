@@ -10,6 +10,9 @@ step.
   fetches now and then), or beside another train op's step — is fed the last value this worker
   took part in, so it communicates with no one: a collective run by one worker alone would pair
   with another worker's training step.
+- A Saver's restore (`saver.restore(runner, path)`) is a step of its own (passes/sync.py): the
+  chief restores everything and releases the others, who restore their own replicas only and
+  wait for the release.
 - Anything else (the loss of a batch, a variable) runs as it is; but in a worker other than the
   chief, a fetched read of a server variable that the step does not need (global_step fetched
   with the train op) is read before the step, as one device reads it: read during the step,
@@ -22,10 +25,12 @@ from typing import Dict, Iterable, List
 
 import tensorflow as tf
 
+from parallax.analysis import RESTORE_OP_TYPES
 from parallax.capture import VARIABLE_OP_TYPES
 from parallax.errors import ParallaxError
 from parallax.passes.rewire import read_server_aggregates, read_triggers
-from parallax.passes.sync import read_server_writes, release_step
+from parallax.passes.sync import (has_restore_queues, read_restore_wait, read_server_writes,
+                                  release_step)
 
 
 @dataclasses.dataclass
@@ -35,6 +40,8 @@ class _RunPlan:
     feed: List[tf.Tensor]  # aggregates fed with their kept values
     early: List[tf.Tensor] = dataclasses.field(default_factory=list)  # read before the step
     training: bool = False  # the run is a training step
+    # fetched op -> what runs in its place (a restore of this worker's replicas only)
+    replace: Dict[tf.Operation, tf.Operation] = dataclasses.field(default_factory=dict)
 
 
 class Steps:
@@ -55,6 +62,8 @@ class Steps:
         self._server_variables = set() if is_chief else {
             op for op in graph.get_operations()
             if op.type in VARIABLE_OP_TYPES and op.device.startswith("/job:ps")}
+        self._restore_wait = read_restore_wait(graph)
+        self._releases_restores = is_chief and has_restore_queues(graph)
         self._plans: Dict[tuple, _RunPlan] = {}
         self._kept: Dict[str, object] = {}
 
@@ -73,6 +82,9 @@ class Steps:
             if aggregate.name not in self._kept:
                 raise ParallaxError(self._not_kept(aggregate))
             feeds[aggregate] = self._kept[aggregate.name]
+        if plan.replace:
+            fetches = tf.nest.map_structure(
+                lambda e: plan.replace.get(e, e) if isinstance(e, tf.Operation) else e, fetches)
         result, extra = session.run((fetches, plan.extra + plan.keep), feed_dict=feeds,
                                     options=options, run_metadata=run_metadata)
         for aggregate, value in zip(plan.keep, extra[len(plan.extra):]):
@@ -96,6 +108,14 @@ class Steps:
     def _plan(self, elements, fed) -> _RunPlan:
         reached, aggregates = self._reached([getattr(e, "op", e) for e in elements], fed)
         writes = reached & self._writes
+        restores = {e: _restore_writes(e) for e in elements if isinstance(e, tf.Operation)}
+        restores = {op: ops for op, ops in restores.items() if ops}
+        if restores and (self._releases_restores or self._restore_wait is not None):
+            if writes:
+                raise ParallaxError(
+                    f"this run restores a checkpoint ({next(iter(restores)).name!r}) and trains "
+                    "in the same step: run the restore on its own (saver.restore(runner, path))")
+            return self._restore_plan(restores)
         # The step's own aggregates are those behind its writes (or, read from a server, whose
         # push is); any other one the run needs (a monitor) gets its last value.
         behind, behind_aggregates = self._reached(writes, fed)
@@ -115,6 +135,23 @@ class Steps:
         early = [e for e in elements if self._reads_a_server_variable(e) and e.op not in behind
                  and e not in fed]
         return _RunPlan(extra, keep, feed, early, training=True)
+
+    def _restore_plan(self, restores: Dict[tf.Operation, List[tf.Operation]]) -> _RunPlan:
+        """The chief restores everything, then releases the others; they restore their
+        replicas and wait for the release, so none writes a server variable."""
+        if self._releases_restores:
+            return _RunPlan([release_step(self._graph, list(restores), "restore_queues")], [],
+                            [])
+        replace = {}
+        with self._graph.as_default(), tf.name_scope("parallax_sync/restore"):
+            for op, writes in restores.items():
+                own = [w for w in writes
+                       if not any(t.op in self._server_variables for t in w.inputs)]
+                # Not tf.group: it marks the ops it waits for, ops a session may have run.
+                done, waits = tf.no_op(), own + [self._restore_wait]
+                done._add_control_inputs(waits)  # pylint: disable=protected-access
+                replace[op] = done
+        return _RunPlan([], [], [], replace=replace)
 
     def _reads_a_server_variable(self, element) -> bool:
         """Whether `element` is a plain read of a server variable (not a value computed from
@@ -153,3 +190,24 @@ class Steps:
             stack.extend(c for out in op.outputs for c in out.consumers())
             stack.extend(op._control_outputs)  # pylint: disable=protected-access
         return True
+
+
+def _restore_writes(op: tf.Operation) -> List[tf.Operation]:
+    """The ops a Saver's restore op groups (through tf.group's NoOps) when one of them writes a
+    value read from a checkpoint; else none."""
+    grouped, stack = [], [op]
+    while stack:
+        member = stack.pop()
+        if member.type == "NoOp":
+            stack.extend(member.control_inputs)
+        else:
+            grouped.append(member)
+    seen, stack = set(), [t.op for w in grouped for t in w.inputs]
+    while stack:
+        source = stack.pop()
+        if source.type in RESTORE_OP_TYPES:
+            return grouped
+        if source not in seen:
+            seen.add(source)
+            stack.extend(t.op for t in source.inputs)
+    return []

@@ -5,6 +5,7 @@ the rules do not cover is not splittable, and says why."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.client.session import SessionInterface
 
 import parallax  # noqa: F401  (records gradients)
 from conftest import load_workload
@@ -58,14 +59,19 @@ def _model(optimizer, clip=False, keras_embedding=False):
     return graph
 
 
-class _Runner:
-    """A session of `copy` that takes the user's graph's fetches, as ParallaxRunner does."""
+class _Runner(SessionInterface):
+    """A session of `copy` that takes the user's graph's fetches, as ParallaxRunner does (a
+    Saver's too)."""
 
     def __init__(self, user_graph, copy):
         self.graphs = GraphMap(user_graph, copy)
         self.session = tf.compat.v1.Session(graph=copy)
         with copy.as_default():
             self.session.run(tf.compat.v1.global_variables_initializer())
+
+    @property
+    def graph(self):
+        return self.graphs.user
 
     def find(self, element):
         if isinstance(element, str):
@@ -127,9 +133,11 @@ def test_a_table_split_in_shards_trains_and_saves_as_the_whole_table(tmp_path, o
 
 
 @pytest.mark.parametrize("shape", sorted(set(user_graphs.SHAPES) - {"cond", "references"}))
-def test_user_shaped_graphs_train_split_as_whole(shape):
+def test_user_shaped_graphs_train_split_as_whole(shape, tmp_path, monkeypatch):
     """gan (two optimizers), accumulate (a dense apply of accumulated gradients), cifar10
-    (gradient histograms, moving averages), summary (histograms fetched alone)."""
+    (gradient histograms, moving averages), summary (histograms fetched alone), restore (a
+    Saver's restore mid-training)."""
+    monkeypatch.setenv("USER_GRAPHS_CHECKPOINTS", str(tmp_path))
     graph, inputs, loop = user_graphs._build(shape)
     expected, expected_fetched = user_graphs.train_single_device(shape, 1)
     runner = _Runner(graph, _split(graph, 3))

@@ -15,6 +15,12 @@ TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
 WORKERS = 4
 
 
+@pytest.fixture(autouse=True)
+def _checkpoints(tmp_path, monkeypatch):
+    """Where the restore shape's job, and then its single-device reference, save."""
+    monkeypatch.setenv("USER_GRAPHS_CHECKPOINTS", str(tmp_path / "checkpoints"))
+
+
 def _train(tmp_path, shape, run_option, *extra, env=None):
     result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
                      "--resources", TWO_MACHINES, "--run-option", run_option,
@@ -56,12 +62,13 @@ def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
         assert result.stdout.count("runner.run(init) skipped") == WORKERS
 
 
-@pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary", "schedule"])
+@pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary", "schedule",
+                                   "restore"])
 def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_device(
         tmp_path, shape):
     """Config(split_variables=True) in HYBRID: each embedding in a row shard on each server
     (passes/split_variables.py), with two optimizers, a dense apply of accumulated gradients,
-    gradient histograms, moving averages, a fed learning rate."""
+    gradient histograms, moving averages, a fed learning rate, a restore mid-training."""
     result = _train(tmp_path, shape, "HYBRID", "--split-variables")
     plan = [line for line in result.stdout.splitlines() if "/emb/part_" in line]
     assert plan and all("parameter server" in line for line in plan), result.stdout[-3000:]
@@ -97,6 +104,15 @@ def test_ps_steps_never_mix_with_one_worker_delayed(tmp_path, monkeypatch):
     monkeypatch.setattr(user_graphs, "STEPS", steps)
     _train(tmp_path, "gan", "PS", "--delay", "0.02", env={"USER_GRAPHS_STEPS": str(steps)})
     _assert_single_device(tmp_path, "gan")
+
+
+@pytest.mark.parametrize("run_option", ["PS", "HYBRID"])
+def test_a_restore_with_a_worker_late_to_it_trains_as_on_one_device(tmp_path, run_option):
+    """Every worker restores the checkpoint, at its own time: a late one must not write the
+    servers' variables while the others train on (each worker restores its replicas, the
+    chief the servers' variables; the others wait for it, passes/sync.py)."""
+    _train(tmp_path, "restore", run_option, "--delay", "0.5")
+    _assert_single_device(tmp_path, "restore")
 
 
 def _graph_with(build):

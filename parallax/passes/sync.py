@@ -8,6 +8,12 @@ gradients the update needs and has taken its token. The chief's runner, in each 
 reaches server-side updates or aggregates, also runs a release: one token per other worker,
 after those updates and aggregates (`release_step`). A graph with several train ops (a GAN's two
 optimizers, an accumulate op and a separate apply op) thus applies each run's own updates only.
+
+A restore from a checkpoint (`saver.restore(runner, path)`) is a step of its own: the chief
+restores the servers' variables, then releases one token per other worker on a second set of
+queues; the others restore their own replicas only and wait for that token, so no worker's next
+step reads (or, restoring late, overwrites) a server variable the chief is restoring or has
+updated since (steps.py builds both runs).
 """
 from __future__ import annotations
 
@@ -21,9 +27,10 @@ from parallax.passes.ps import MIRROR_READ_COLLECTION
 from parallax.passes.rewire import read_triggers, reroute
 from parallax.plan import Plan
 
-# JSON: {"token_queues": [queue handle tensor names]} (the chief's graph only) and, per server
-# update, {"write": its name} in the chief's graph, {"write": its name, "cut": what replaces it}
-# in the others'.
+# JSON: {"token_queues": [queue handle tensor names], "restore_queues": [the same]} (the chief's
+# graph only) and, per server update, {"write": its name} in the chief's graph, {"write": its
+# name, "cut": what replaces it} in the others', whose graphs also have {"restore_wait": the
+# name of the op that waits for the chief's restore}.
 STEP_COLLECTION = "parallax_step"
 
 
@@ -38,13 +45,20 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
             queues = {worker: tf.queue.FIFOQueue(
                 1, [tf.int64], shapes=[[]], shared_name=f"parallax/step_tokens/{worker}",
                 name=f"step_tokens_{worker}") for worker in range(1, cluster.num_workers)}
+            # Unbounded: a chief that restores alone leaves tokens, never waits for a worker.
+            restored = {worker: tf.queue.FIFOQueue(
+                -1, [tf.int64], shapes=[[]], shared_name=f"parallax/restore_tokens/{worker}",
+                name=f"restore_tokens_{worker}") for worker in range(1, cluster.num_workers)}
         if cluster.is_chief:
             graph.add_to_collection(STEP_COLLECTION, json.dumps(
-                {"token_queues": [q.queue_ref.name for q in queues.values()]}))
+                {"token_queues": [q.queue_ref.name for q in queues.values()],
+                 "restore_queues": [q.queue_ref.name for q in restored.values()]}))
             for write in writes:
                 graph.add_to_collection(STEP_COLLECTION, json.dumps({"write": write.name}))
             return graph
         wait = queues[cluster.worker_id].dequeue(name="wait_for_step").op
+        restore_wait = restored[cluster.worker_id].dequeue(name="wait_for_restore").op
+        graph.add_to_collection(STEP_COLLECTION, json.dumps({"restore_wait": restore_wait.name}))
         for read in graph.get_collection(MIRROR_READ_COLLECTION):
             read._add_control_input(wait)  # pylint: disable=protected-access
         pushes_behind = _pushes_behind(graph)
@@ -60,12 +74,14 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
     return graph
 
 
-def release_step(graph: tf.Graph, reached: Iterable[tf.Operation]) -> tf.Operation:
+def release_step(graph: tf.Graph, reached: Iterable[tf.Operation],
+                 queues: str = "token_queues") -> tf.Operation:
     """The chief's release of one step: a token for every other worker, after `reached` (the
-    run's server-side updates and aggregates). Built by the runner per kind of run, after the
+    run's server-side updates and aggregates), on the step's queues or, with `queues`
+    "restore_queues", those of restores. Built by the runner per kind of run, after the
     session started: new ops only, the graph it runs keeps its other ops."""
     records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
-    handles = next(r["token_queues"] for r in records if "token_queues" in r)
+    handles = next(r[queues] for r in records if queues in r)
     with graph.as_default(), tf.name_scope("parallax_sync/release"):
         token = tf.constant(0, tf.int64)
         releases = [tf.raw_ops.QueueEnqueueV2(handle=graph.get_tensor_by_name(h),
@@ -76,6 +92,20 @@ def release_step(graph: tf.Graph, reached: Iterable[tf.Operation]) -> tf.Operati
         for release in releases:
             release._add_control_inputs(list(reached))  # pylint: disable=protected-access
         return tf.group(*releases)
+
+
+def read_restore_wait(graph: tf.Graph):
+    """What a worker other than the chief runs to wait for the chief's restore (None in the
+    chief's graph, or without step synchronization)."""
+    records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
+    name = next((r["restore_wait"] for r in records if "restore_wait" in r), None)
+    return None if name is None else graph.get_operation_by_name(name)
+
+
+def has_restore_queues(graph: tf.Graph) -> bool:
+    """Whether this is the chief's graph of a job whose steps are synchronized."""
+    return any("restore_queues" in json.loads(text)
+               for text in graph.get_collection(STEP_COLLECTION))
 
 
 def read_server_writes(graph: tf.Graph) -> dict:

@@ -217,6 +217,33 @@ def schedule():
     return inputs, loop
 
 
+def restore():
+    """A Saver's save, and its restore a few steps later (a script going back to a checkpoint
+    after a bad step): an embedding, Adam's slots and the global step restored mid-training.
+    The checkpoints go to $USER_GRAPHS_CHECKPOINTS."""
+    inputs = _inputs()
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.AdamOptimizer(0.05).minimize(
+        _cross_entropy(inputs, _logits(inputs, "model")), global_step=global_step)
+    step_after = _read_after(train_op, global_step)
+    saver = tf.compat.v1.train.Saver()
+    os.makedirs(os.environ["USER_GRAPHS_CHECKPOINTS"], exist_ok=True)
+    prefix = os.path.join(os.environ["USER_GRAPHS_CHECKPOINTS"], "model")
+
+    def loop(run, feed, is_chief):
+        session = run.__self__  # the Session or the runner: what a Saver takes
+        fetched = []
+        for step in range(STEPS):
+            feeds = feed(step)  # a worker late in this step is late to the restore too
+            if step == STEPS // 2:
+                saver.restore(session, path)
+            fetched.append(run([train_op, step_after], feeds)[1])
+            if step == STEPS // 4:
+                path = saver.save(session, prefix, global_step=global_step)
+        return fetched
+    return inputs, loop
+
+
 def references():
     """TF1 code with reference variables (use_resource=False, as tf.compat.v1 made them before
     resource variables): Adam's sparse update of a reference variable computes the variable's
@@ -293,7 +320,7 @@ def batchnorm():
 
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
-          "references": references, "cond": cond, "schedule": schedule}
+          "references": references, "cond": cond, "schedule": schedule, "restore": restore}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
