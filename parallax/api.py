@@ -21,13 +21,13 @@ from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.graph_copy import GraphMap, copy_graph
+from parallax.grpc_server import start_server
 from parallax.passes import transform
 from parallax.passes.allreduce import BROADCAST_COLLECTION
 from parallax.passes.ps import SERVER_STATE_COLLECTION
 from parallax.passes.split_variables import split_variables, splittable_in_turn
 from parallax.plan import (Sync, describe, effective_run_option, make_plan, uses_horovod,
                            validate)
-from parallax.server import start_server
 from parallax.session import ParallaxRunner
 from runner.control import start_heartbeat
 from runner.output import PAST_STARTUP

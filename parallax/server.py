@@ -1,29 +1,9 @@
 """A parameter server: TensorFlow's own gRPC server for one machine's task of job 'ps'.
 The driver starts one per machine (`python -m parallax.server`) and stops it at the end."""
 import os
-from typing import Optional
-
-import tensorflow as tf
 
 from parallax.cluster import SERVER_INDEX_ENV, Cluster
-from parallax.errors import ParallaxError
-
-
-def start_server(cluster: Cluster, job: str, index: int,
-                 config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.train.Server:
-    """The gRPC server of task `index` of `job` ("ps" or "worker"); a port another process
-    holds is named, where TensorFlow only says that it could not start."""
-    address = (cluster.servers if job == "ps" else cluster.workers)[index]
-    try:
-        return tf.compat.v1.train.Server(
-            tf.train.ClusterSpec({"ps": cluster.servers, "worker": cluster.workers}),
-            job_name=job, task_index=index, config=config)
-    except tf.errors.UnknownError as error:
-        if "Could not start gRPC server" not in str(error):
-            raise
-        raise ParallaxError(
-            f"{job} {index} cannot listen on {address}: another process holds the port "
-            "(with Config.base_port set, choose ports no other program uses)") from None
+from parallax.grpc_server import start_server
 
 
 def main():
