@@ -133,7 +133,7 @@ class Steps:
                                                               key=lambda op: op.name)))
         keep = sorted((a for a in part if a in self._monitored), key=lambda t: t.name)
         early = [e for e in elements if self._reads_a_server_variable(e) and e.op not in behind
-                 and e not in fed]
+                 and e not in fed and e not in aggregates]  # a mirror's read is the step's
         return _RunPlan(extra, keep, feed, early, training=True)
 
     def _restore_plan(self, restores: Dict[tf.Operation, List[tf.Operation]]) -> _RunPlan:

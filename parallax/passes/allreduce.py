@@ -94,7 +94,7 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
         reroute(old, new, consumers[old])
         record_aggregated(old, new)
     if not row_sums.rows_unique_per_batch(indices):  # else the norm is of the summed rows
-        row_sums.use_carried_norm(consumers[values], norm)
+        row_sums.use_carried_norm(consumers[values], norm, trigger=new_values.op)
 
 
 def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:

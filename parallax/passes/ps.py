@@ -89,7 +89,9 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                     record_aggregated(old, new, trigger=None if cluster.is_chief else push,
                                       on_server=True)
                 if row_sums.carries_norm(aggregated):
-                    row_sums.use_carried_norm(consumers[0], aggregated[2])
+                    row_sums.use_carried_norm(
+                        consumers[0], aggregated[2], on_server=True,
+                        trigger=aggregated[0].op if cluster.is_chief else push)
     return graph
 
 

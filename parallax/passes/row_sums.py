@@ -82,15 +82,19 @@ def norm_share(values: tf.Tensor) -> tf.Tensor:
     return tf.nn.l2_loss(values)
 
 
-def use_carried_norm(old_values_consumers, norm: tf.Tensor) -> None:
+def use_carried_norm(old_values_consumers, norm: tf.Tensor, trigger: tf.Operation,
+                     on_server: bool = False) -> None:
     """The model's L2Loss of the gradient's rows reads the carried norm instead. The L2Loss
     itself, now unused (a fetch of it gets the norm), is detached from the rows: still reading
     them, it looked like a monitor of the aggregate, whose rows every step then fetched to keep
-    (1 MB a step per worker on the LM benchmark)."""
+    (1 MB a step per worker on the LM benchmark). The norm comes with the rows: `trigger` and
+    `on_server` are theirs (rewire.record_aggregated), so a step that applies the rows has the
+    norm too (a global norm of the gradients fetched with the train op)."""
     for op in old_values_consumers:
         if op.type == "L2Loss":
             reroute(op.outputs[0], norm, list(op.outputs[0].consumers()))
-            record_aggregated(op.outputs[0], norm)  # the post-aggregation ops start here too
+            # the post-aggregation ops start here too
+            record_aggregated(op.outputs[0], norm, trigger=trigger, on_server=on_server)
             with op.graph.as_default(), tf.device(op.device):
                 # A zero of unknown shape: it fits any shape the edge had.
                 detached = tf.compat.v1.placeholder_with_default(

@@ -244,6 +244,26 @@ def restore():
     return inputs, loop
 
 
+def gradient_norms():
+    """Gradients logged beside the train op, as tutorials write it: compute_gradients, then
+    apply_gradients, fetched with the global norm of the gradients and an embedding's
+    gradient rows' l2_loss."""
+    inputs = _inputs()
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    grads_and_vars = optimizer.compute_gradients(_cross_entropy(inputs, _logits(inputs, "model")))
+    train_op = optimizer.apply_gradients(grads_and_vars)
+    gradients = [gradient for gradient, _ in grads_and_vars]
+    global_norm = tf.linalg.global_norm(gradients)
+    embedding_rows = tf.nn.l2_loss(gradients[0].values)  # the embedding's: an IndexedSlices
+
+    def loop(run, feed, is_chief):
+        fetched = []
+        for step in range(STEPS):
+            fetched += run([train_op, global_norm, embedding_rows], feed(step))[1:]
+        return fetched
+    return inputs, loop
+
+
 def references():
     """TF1 code with reference variables (use_resource=False, as tf.compat.v1 made them before
     resource variables): Adam's sparse update of a reference variable computes the variable's
@@ -320,7 +340,8 @@ def batchnorm():
 
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
-          "references": references, "cond": cond, "schedule": schedule, "restore": restore}
+          "references": references, "cond": cond, "schedule": schedule, "restore": restore,
+          "gradient_norms": gradient_norms}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
