@@ -1,5 +1,6 @@
 """Launching on one machine: one worker process per slot, output streamed with a prefix, and
 no process left behind whatever happens."""
+import contextlib
 import json
 import os
 import signal
@@ -244,14 +245,28 @@ runner.close()
 """
 
 
+@contextlib.contextmanager
+def _held_port_after_a_free_one():
+    """A port held by a listening socket, the one before it free."""
+    while True:
+        with socket.socket() as holder, socket.socket() as before:
+            holder.bind(("", 0))
+            try:
+                before.bind(("", holder.getsockname()[1] - 1))
+            except OSError:
+                continue
+            before.close()
+            holder.listen()
+            yield holder.getsockname()[1]
+            return
+
+
 def test_a_port_another_process_holds_is_named(tmp_path):
     """TensorFlow says only "Could not start gRPC server"; the job names the port."""
     script = tmp_path / "held_port.py"
     script.write_text(HELD_PORT)
-    with socket.socket() as holder:
-        holder.bind(("", 0))
-        holder.listen()
-        worker_port = holder.getsockname()[1]  # the server takes base_port, worker 0 the next
+    with _held_port_after_a_free_one() as worker_port:
+        # The server takes base_port, worker 0 the next port.
         result = run_job(str(script), str(worker_port - 1), timeout=300)
     assert result.returncode != 0
     assert f"worker 0 cannot listen on localhost:{worker_port}: another process holds the " \
