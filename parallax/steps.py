@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List
 
 import tensorflow as tf
 
-from parallax.analysis import RESTORE_OP_TYPES
+from parallax.analysis import RESTORE_OP_TYPES, upstream_ops
 from parallax.capture import VARIABLE_OP_TYPES
 from parallax.errors import ParallaxError
 from parallax.passes.rewire import read_server_aggregates, read_triggers
@@ -108,9 +108,11 @@ class Steps:
     def _plan(self, elements, fed) -> _RunPlan:
         reached, aggregates = self._reached([getattr(e, "op", e) for e in elements], fed)
         writes = reached & self._writes
-        restores = {e: _restore_writes(e) for e in elements if isinstance(e, tf.Operation)}
-        restores = {op: ops for op, ops in restores.items() if ops}
-        if restores and (self._releases_restores or self._restore_wait is not None):
+        restores = {}
+        if self._releases_restores or self._restore_wait is not None:  # steps synchronized
+            restores = {e: _restore_writes(e) for e in elements if isinstance(e, tf.Operation)}
+            restores = {op: ops for op, ops in restores.items() if ops}
+        if restores:
             if writes:
                 raise ParallaxError(
                     f"this run restores a checkpoint ({next(iter(restores)).name!r}) and trains "
@@ -202,12 +204,5 @@ def _restore_writes(op: tf.Operation) -> List[tf.Operation]:
             stack.extend(member.control_inputs)
         else:
             grouped.append(member)
-    seen, stack = set(), [t.op for w in grouped for t in w.inputs]
-    while stack:
-        source = stack.pop()
-        if source.type in RESTORE_OP_TYPES:
-            return grouped
-        if source not in seen:
-            seen.add(source)
-            stack.extend(t.op for t in source.inputs)
-    return []
+    restored = any(source.type in RESTORE_OP_TYPES for source in upstream_ops(grouped))
+    return grouped if restored else []
