@@ -22,6 +22,11 @@ from parallax.passes.sync import read_server_writes
 from parallax.steps import Steps
 
 log = logging.getLogger("parallax")
+# A restore each worker reports to the driver, which stops a job where one worker restored and
+# another trained on without (Horovod's habit of restoring in rank 0 alone, then broadcasting):
+# its replicas would keep their values, and the workers train different models.
+RESTORED = ("restored a checkpoint (saver.restore(runner, path), which every worker runs, as "
+            "the script does on one device, not only the chief)")
 
 
 class ParallaxRunner(SessionInterface):
@@ -119,10 +124,10 @@ class ParallaxRunner(SessionInterface):
             options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
         if self._heartbeat is not None:
             self._heartbeat.run_started()
-        self._busy, training, scalars = True, False, {}
+        self._busy, training, restore, scalars = True, False, False, {}
         try:
             started = time.perf_counter()
-            (result, values), training = self._steps.run(
+            (result, values), training, restore = self._steps.run(
                 self.session, (mapped, reported), feeds, options, run_metadata)
             if traced:
                 self._profiler.write(run_metadata, time.perf_counter() - started)
@@ -132,7 +137,8 @@ class ParallaxRunner(SessionInterface):
         finally:
             self._busy = False
             if self._heartbeat is not None:
-                self._heartbeat.run_finished(training, scalars)
+                self._heartbeat.run_finished(training, scalars,
+                                             mark=RESTORED if restore else None)
             if self._stop_requested:
                 self._save_and_exit()
         return result

@@ -12,7 +12,8 @@ step.
   with another worker's training step.
 - A Saver's restore (`saver.restore(runner, path)`) is a step of its own (passes/sync.py): the
   chief restores everything and releases the others, who restore their own replicas only and
-  wait for the release.
+  wait for the release. In every mode the runner reports a restore to the driver, which stops a
+  job where one worker restored and another trained on without.
 - Anything else (the loss of a batch, a variable) runs as it is; but in a worker other than the
   chief, a fetched read of a server variable that the step does not need (global_step fetched
   with the train op) is read before the step, as one device reads it: read during the step,
@@ -40,6 +41,7 @@ class _RunPlan:
     feed: List[tf.Tensor]  # aggregates fed with their kept values
     early: List[tf.Tensor] = dataclasses.field(default_factory=list)  # read before the step
     training: bool = False  # the run is a training step
+    restore: bool = False  # the run restores variables from a checkpoint
     # fetched op -> what runs in its place (a restore of this worker's replicas only)
     replace: Dict[tf.Operation, tf.Operation] = dataclasses.field(default_factory=dict)
 
@@ -68,7 +70,8 @@ class Steps:
         self._kept: Dict[str, object] = {}
 
     def run(self, session, fetches, feed_dict, options=None, run_metadata=None):
-        """The fetched values, and whether the run was a training step."""
+        """The fetched values, whether the run was a training step, and whether it restored
+        variables from a checkpoint."""
         fed = set(feed_dict or {})
         elements = [e for e in tf.nest.flatten(fetches) if e is not None]
         key = (tuple(e.name for e in elements), tuple(sorted(t.name for t in fed)))
@@ -89,7 +92,7 @@ class Steps:
                                     options=options, run_metadata=run_metadata)
         for aggregate, value in zip(plan.keep, extra[len(plan.extra):]):
             self._kept[aggregate.name] = value
-        return result, plan.training
+        return result, plan.training, plan.restore
 
     def _not_kept(self, aggregate) -> str:
         why = (f"this run needs the aggregated gradient {aggregate.name!r} but applies nothing "
@@ -125,7 +128,8 @@ class Steps:
                 if a in behind_aggregates or trigger in behind}
         feed = sorted(aggregates - part, key=lambda t: t.name)
         if not writes:
-            return _RunPlan([], [], feed)
+            return _RunPlan([], [], feed, restore=any(op.type in RESTORE_OP_TYPES
+                                                      for op in reached))
         extra = []
         if self._is_chief:
             released = [w for w in writes if w.name in self._server_writes]
@@ -143,7 +147,7 @@ class Steps:
         replicas and wait for the release, so none writes a server variable."""
         if self._releases_restores:
             return _RunPlan([release_step(self._graph, list(restores), "restore_queues")], [],
-                            [])
+                            [], restore=True)
         replace = {}
         with self._graph.as_default(), tf.name_scope("parallax_sync/restore"):
             for op, writes in restores.items():
@@ -153,7 +157,7 @@ class Steps:
                 done, waits = tf.no_op(), own + [self._restore_wait]
                 done._add_control_inputs(waits)  # pylint: disable=protected-access
                 replace[op] = done
-        return _RunPlan([], [], [], replace=replace)
+        return _RunPlan([], [], [], replace=replace, restore=True)
 
     def _reads_a_server_variable(self, element) -> bool:
         """Whether `element` is a plain read of a server variable (not a value computed from

@@ -3,8 +3,10 @@ runs a `Heartbeat` thread that calls it every few seconds with the process's pro
 
 The driver learns that a process is alive (a SIGSTOPped or cut-off process stops beating: the
 job is stopped, naming it), how far each worker is (a job whose workers sit in a step that does
-not end is a deadlock: the job is stopped, naming the workers that are behind), and what the
-user asked to report (a loss), for its progress bar and metrics file. A process whose driver
+not end is a deadlock: the job is stopped, naming the workers that are behind), what each worker
+did that all must do at the same point of their steps (a restore from a checkpoint: a worker
+that trains on without it no longer trains the same model, and the job is stopped, naming both),
+and what the user asked to report (a loss), for its progress bar and metrics file. A process whose driver
 stops answering (killed, or on the other side of a partition) stops itself within the
 heartbeat timeout, so nothing outlives its job on any host.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import copy
 import dataclasses
 import json
 import os
@@ -56,6 +59,9 @@ class Progress:
     new_steps: int = 0  # how many of them since the last beat
     scalars: Dict[str, List[float]] = dataclasses.field(default_factory=dict)  # name: [sum, n]
     in_run_seconds: Optional[float] = None  # how long the run under way has lasted
+    # What the process did that every worker must do at the same point: what -> after how many
+    # of its steps, each time it did it (since the process started, like `steps`).
+    marks: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
 
     def add(self, other: "Progress") -> None:
         """Count `other`'s new steps, their time and its scalars in this one too."""
@@ -128,7 +134,9 @@ class ControlServer:
 
     def check(self, exited=frozenset()) -> Optional[str]:
         """Why the job must be stopped now, or None: a process that stopped beating (of those
-        not `exited`), or workers stuck in a step for longer than the stall timeout."""
+        not `exited`), workers stuck in a step for longer than the stall timeout, or a mark
+        one worker made and another passed (on the last beats too, which workers send as they
+        exit)."""
         now = time.monotonic()
         slow_limit = 2 * self.heartbeat_timeout + 30  # starting and exiting take longer
         with self._lock:
@@ -148,7 +156,26 @@ class ControlServer:
                     return (f"{name} sent no heartbeat for {now - status.last_beat:.0f} s "
                             f"(heartbeat_timeout_secs={self.heartbeat_timeout:g}): it is "
                             "stopped, hung, or cut off from this machine")
-            return self._stall(exited)
+            return self._stall(exited) or self._unmatched_mark()
+
+    def _unmatched_mark(self) -> Optional[str]:
+        """A mark one worker made after a step that another worker passed without making it.
+        Each beat is one worker's state at one moment: what a worker made after fewer steps
+        than it has finished is final, so two workers are compared up to the fewer steps."""
+        progress = {name: self._status[name].progress for name in self.workers}
+        for first, mine in progress.items():
+            for second, theirs in progress.items():
+                before = min(mine.steps, theirs.steps)
+                for what, at in mine.marks.items():
+                    for step in sorted(set(at)):
+                        if (step < before and at.count(step)
+                                > theirs.marks.get(what, []).count(step)):
+                            when = (f"after its step {step}" if step
+                                    else "before its first step")
+                            return (f"{first} {what} {when} and {second} did not, going on "
+                                    f"to step {step + 1}: the workers no longer train the same "
+                                    "model. Every worker must run the same sequence of runs")
+        return None
 
     def _stall(self, exited) -> Optional[str]:
         progress = {name: self._status[name].progress for name in self.workers
@@ -206,8 +233,13 @@ class Heartbeat:
         with self._lock:
             self._run_started = time.monotonic()
 
-    def run_finished(self, training_step: bool, scalars: Dict[str, float]) -> None:
+    def run_finished(self, training_step: bool, scalars: Dict[str, float],
+                     mark: Optional[str] = None) -> None:
+        """`mark`: what this run did that every worker must do at the same point of its
+        steps (the driver compares them), said as the driver's message says it."""
         with self._lock:
+            if mark is not None:
+                self._progress.marks.setdefault(mark, []).append(self._progress.steps)
             elapsed = time.monotonic() - (self._run_started or time.monotonic())
             self._run_started = None
             if training_step:
@@ -239,7 +271,7 @@ class Heartbeat:
             progress = self._progress
             if self._run_started is not None:
                 progress.in_run_seconds = time.monotonic() - self._run_started
-            self._progress = Progress(steps=progress.steps)
+            self._progress = Progress(steps=progress.steps, marks=copy.deepcopy(progress.marks))
         return dataclasses.asdict(progress)
 
     def _give_back(self, taken: dict) -> None:

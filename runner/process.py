@@ -163,7 +163,8 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
                   write: Callable[[bytes], None] = write_stdout) -> None:
     """Start every process and wait for all; raise JobFailed when the job does not succeed,
     has not finished after `timeout` seconds, or `watchdog` (called every poll with the names
-    of the processes that have exited) says why it must stop. Output lines go to `write`."""
+    of the processes that have exited, and once more when all have) says why it must stop.
+    Output lines go to `write`."""
     stop_signal = []
     previous = {sig: signal.signal(sig, lambda signum, _: stop_signal.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -212,7 +213,9 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
             failures.append((process, code))
             deadline = deadline or time.monotonic() + FAILURE_WINDOW_SECONDS
     if not failures:
-        return None
+        # The last beats, sent as the workers exit, may show what the job must fail for.
+        why = watchdog(exited)
+        return None if not why else JobFailed(why, 1)
     first_code = failures[0][1]
     return JobFailed(_failure_message(failures), first_code if first_code > 0 else 1)
 

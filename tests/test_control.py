@@ -32,6 +32,21 @@ if sys.argv[3] == "stuck":
 time.sleep(600)
 """
 
+# A worker that runs 'steps' steps, marks 'restored' before step 'mark_at' (never when -1),
+# then sleeps 'then' seconds and exits.
+MARKING = """
+import sys, time
+from runner.control import start_heartbeat
+beat = start_heartbeat()
+beat.announce_exit()
+steps, mark_at, then = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+for step in range(steps):
+    if step == mark_at:
+        beat.run_started(); beat.run_finished(False, {}, mark="restored")
+    beat.run_started(); time.sleep(0.05); beat.run_finished(True, {})
+time.sleep(then)
+"""
+
 
 def _job(names, workers, heartbeat=2.0, stall=60.0):
     return ControlServer(uuid.uuid4().hex, names, workers, heartbeat, stall)
@@ -81,6 +96,44 @@ def test_workers_stuck_in_a_step_are_a_stall_naming_the_one_behind():
     assert "stalled: h:worker:0 (step 6) in a step" in message
     assert "behind: h:worker:1 (step 4, not in a run)" in message
     assert _leftovers() == []
+
+
+def _marking(control, marks_at, then):
+    return [ProcessSpec(name, [sys.executable, "-c", MARKING, "6", str(at), str(then)],
+                        env=dict(control.env_for(name, "127.0.0.1"), PYTHONPATH=REPO), cwd=REPO)
+            for name, at in zip(control.workers, marks_at)]
+
+
+def test_workers_that_mark_the_same_step_finish():
+    control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
+    run_processes(_marking(control, [2, 2], 0), watchdog=control.check)
+    control.stop()
+
+
+def test_a_mark_one_worker_made_and_another_passed_fails_the_job_at_its_end():
+    """Horovod's habit of restoring in rank 0 alone: a job too short for a beat between the
+    steps fails on the beats its workers send as they exit."""
+    control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
+    with pytest.raises(JobFailed) as failure:
+        run_processes(_marking(control, [2, -1], 0), watchdog=control.check)
+    control.stop()
+    assert str(failure.value).startswith(
+        "h:worker:0 restored after its step 2 and h:worker:1 did not, going on to step 3: "
+        "the workers no longer train the same model")
+    assert failure.value.exit_code == 1
+
+
+def test_a_mark_one_worker_made_and_another_passed_stops_the_job_while_it_runs():
+    control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failure:
+        run_processes(_marking(control, [-1, 0], 600), watchdog=control.check)
+    control.stop()
+    assert "h:worker:1 restored before its first step and h:worker:0 did not" in str(
+        failure.value)
+    assert time.monotonic() - started < 30  # a beat or two, not the job's 600 s
+    assert _leftovers() == [] and not [c for c in psutil.Process().children(recursive=True)
+                                       if "mark_at" in " ".join(c.cmdline())]
 
 
 def test_a_process_whose_driver_is_gone_stops_itself():

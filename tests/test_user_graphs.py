@@ -116,6 +116,20 @@ def test_a_restore_with_a_worker_late_to_it_trains_as_on_one_device(tmp_path, ru
     _assert_single_device(tmp_path, "restore")
 
 
+@pytest.mark.parametrize("run_option", ["AR", "PS"])
+def test_a_restore_in_the_chief_alone_stops_the_job_naming_it(tmp_path, run_option):
+    """Horovod's habit (restore in rank 0, then broadcast) leaves the other workers' replicas
+    as they were: the driver stops the job instead of letting the workers train apart."""
+    result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", "restore",
+                     "--resources", TWO_MACHINES, "--run-option", run_option,
+                     "--out", str(tmp_path), "--chief-restores", timeout=600)
+    assert result.returncode != 0
+    assert ("127.0.0.1:worker:0 restored a checkpoint (saver.restore(runner, path), which "
+            f"every worker runs, as the script does on one device, not only the chief) after "
+            f"its step {user_graphs.STEPS // 2} and ") in result.stderr, result.stderr[-3000:]
+    assert "the workers no longer train the same model" in result.stderr
+
+
 def _graph_with(build):
     graph = tf.Graph()
     with graph.as_default():

@@ -21,6 +21,7 @@ import parallax
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS = 30, 4, 5, 8, 3, 3
 BATCH_PER_WORKER = 4
 STEPS = int(os.environ.get("USER_GRAPHS_STEPS", "12"))  # the same in the job and the reference
+RESTORE_IN_CHIEF_ONLY = False  # the restore shape as Horovod's users write it (--chief-restores)
 
 
 def batch(step, total):
@@ -235,7 +236,7 @@ def restore():
         fetched = []
         for step in range(STEPS):
             feeds = feed(step)  # a worker late in this step is late to the restore too
-            if step == STEPS // 2:
+            if step == STEPS // 2 and (is_chief or not RESTORE_IN_CHIEF_ONLY):
                 saver.restore(session, path)
             fetched.append(run([train_op, step_after], feeds)[1])
             if step == STEPS // 4:
@@ -393,7 +394,11 @@ def main():
                         help="Config(split_variables=True): embeddings over every server")
     parser.add_argument("--delay", type=float, default=0.0,
                         help="the last worker sleeps up to this long before half of its runs")
+    parser.add_argument("--chief-restores", action="store_true",
+                        help="the restore shape restores in the chief only")
     args = parser.parse_args()
+    global RESTORE_IN_CHIEF_ONLY
+    RESTORE_IN_CHIEF_ONLY = args.chief_restores
     tf.compat.v1.disable_eager_execution()
     graph, inputs, loop = _build(args.shape)
     runner = parallax.get_runner(graph, args.resources, parallax.Config(
