@@ -29,6 +29,7 @@ from parallax import cost
 from parallax.analysis import GraphAnalysis, is_setting, upstream_ops
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
+from parallax.graph_copy import copy_graph
 from parallax.partitioner import (DECISION_ENV, Partitioned, partitioned_variables,
                                   shard_name)
 from parallax.passes import row_sums, split_variables
@@ -88,7 +89,7 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     measured = links is not None
     links = links or cost.Links()
     try:
-        with _probe_session(graph) as session:
+        with _probe_session(copy_graph(graph)) as session:
             stats, problem = measure(session, analysis, shape.workers)
             if not problem:
                 timed, compute_problem = measure_compute(session, analysis)
@@ -375,7 +376,9 @@ PROBE_RUN_SECONDS = 120
 
 @contextlib.contextmanager
 def _probe_session(graph: tf.Graph):
-    """A session of the graph as written, in the driver, as a worker's runner would start it:
+    """A session of a copy of the graph as written (graph_copy: its devices within one task,
+    as a graph written for TensorFlow's parameter servers names jobs this driver has not), in
+    the driver, as a worker's runner would start it:
     variables, local variables and tables initialized, queue runners (shuffle_batch,
     string_input_producer) started, and stopped at exit."""
     initializers = [v.initializer for v in graph.get_collection(

@@ -19,14 +19,29 @@ Element = Union[tf.Tensor, tf.Operation]
 
 
 def copy_graph(graph: tf.Graph) -> tf.Graph:
-    """A new graph with the same ops (names, devices) and collections, through a MetaGraphDef:
-    variables, queue runners, savers and control-flow contexts come back as Python objects."""
+    """A new graph with the same ops (names, devices within a task) and collections, through a
+    MetaGraphDef: variables, queue runners, savers and control-flow contexts come back as
+    Python objects."""
     meta_graph = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
     _drop_function_ops_from_collections(meta_graph)
+    for node in meta_graph.graph_def.node:
+        node.device = _within_task(node.device)
     copy = tf.Graph()
     import_scoped_meta_graph(meta_graph, graph=copy, clear_devices=False)
     copy.seed = graph.seed
     return copy
+
+
+def _within_task(device: str) -> str:
+    """A user's device without its job, replica and task: which process runs an op is
+    Parallax's to say. A graph written for TensorFlow's parameter servers pins its variables to
+    '/job:ps' (replica_device_setter), which is the job of Parallax's servers too: a variable
+    the plan replicates would live there, one for every worker to update. The device within the
+    task ('/gpu:0') stays."""
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job is None and spec.replica is None and spec.task is None:
+        return device
+    return spec.replace(job=None, replica=None, task=None).to_string()
 
 
 def _drop_function_ops_from_collections(meta_graph) -> None:
@@ -100,6 +115,7 @@ class GraphMap:
         for node in new:
             copied = graph_def.node.add()
             copied.CopyFrom(node)
+            copied.device = _within_task(node.device)
             del copied.input[:]
             for source in node.input:
                 producer = source.lstrip("^").split(":")[0]

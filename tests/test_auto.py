@@ -19,10 +19,11 @@ from parallax.plan import describe, make_plan, validate
 TWO_BY_TWO = [2, 2]  # workers of each machine
 
 
-def _graph(vocab, ids_per_batch, feed=False, zipf=False):
-    """`zipf`: ids as words come in text, a few often and most rarely (else uniform)."""
+def _graph(vocab, ids_per_batch, feed=False, zipf=False, device=None):
+    """`zipf`: ids as words come in text, a few often and most rarely (else uniform);
+    `device`: what the graph is built under (a device function)."""
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), tf.compat.v1.device(device):
         if feed:
             ids = tf.compat.v1.placeholder(tf.int64, [None])
         else:
@@ -170,6 +171,17 @@ def test_a_table_every_batch_reads_whole_is_allreduced():
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.variable_stats()["table"].unique == (1000,) * 4
     assert decision.methods["table"] == {"how": cost.ALLREDUCE, "server": None}
+
+
+def test_a_graph_written_for_tensorflows_parameter_servers_is_measured():
+    """Its variables pinned to '/job:ps' by replica_device_setter, a job the driver's probe
+    session does not have: the probe runs a copy whose devices name no job."""
+    graph = _graph(vocab=1000, ids_per_batch=20_000,
+                   device=tf.compat.v1.train.replica_device_setter(ps_tasks=2))
+    assert graph.get_operation_by_name("table").device == "/job:ps/task:0"
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.variable_stats()["table"].unique == (1000,) * 4, decision.note
+    assert graph.get_operation_by_name("table").device == "/job:ps/task:0"  # left as built
 
 
 def test_a_fed_graph_gets_hybrids_rule_and_says_why():

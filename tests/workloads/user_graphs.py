@@ -281,6 +281,23 @@ def references():
     return inputs, loop
 
 
+def ps_pins():
+    """TensorFlow parameter-server code brought to Parallax as it was: the graph built under
+    replica_device_setter, every variable pinned to '/job:ps' (its own servers' job name, and
+    Parallax's), the rest to '/job:worker'; Momentum and a global step."""
+    setter = tf.compat.v1.train.replica_device_setter(ps_tasks=2, worker_device="/job:worker")
+    with tf.compat.v1.device(setter):
+        inputs = _inputs()
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(
+            _cross_entropy(inputs, _logits(inputs, "model")), global_step=global_step)
+        step_after = _read_after(train_op, global_step)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
 def cond():
     """Updates applied inside tf.cond, every other step of a step counter, the counter
     advanced after them."""
@@ -342,7 +359,7 @@ def batchnorm():
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
           "references": references, "cond": cond, "schedule": schedule, "restore": restore,
-          "gradient_norms": gradient_norms}
+          "gradient_norms": gradient_norms, "ps_pins": ps_pins}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
@@ -375,6 +392,9 @@ def _variables(graph, run):
 def train_single_device(shape, workers):
     """Single-device training on the combined batch of `workers` workers."""
     graph, inputs, loop = _build(shape)
+    for op in graph.get_operations():
+        if op.device.startswith("/job:"):  # a parameter-server job's pins: one device has none
+            op._set_device("")  # pylint: disable=protected-access
     with graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session(graph=graph) as session:
