@@ -68,6 +68,9 @@ class GraphAnalysis:
     # Training writes the gradients wait for (a control dependency or a data path: an EMA in
     # UPDATE_OPS before minimize): no parameter server may hold what they write.
     before_gradients: Set[str] = dataclasses.field(default_factory=set)
+    # Variables whose gradient another gradient is computed from (a penalty on the gradients,
+    # differentiated again: double backprop).
+    differentiated: List[str] = dataclasses.field(default_factory=list)
 
     def inputs_of_updates(self, variable: str) -> set:
         return self.update_reads.get(variable, set())
@@ -155,7 +158,31 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     before_gradients = {w for ops in writes.values() for w in ops
                         if graph.get_operation_by_name(w) in ahead}
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
-                         batch_moments(graph), fused, before_gradients)
+                         batch_moments(graph), fused, before_gradients,
+                         _differentiated(graph, records, writes))
+
+
+def _differentiated(graph: tf.Graph, records: List[GradientRecord], writes) -> List[str]:
+    """Variables one of whose recorded gradients flows, as a value, into another recorded
+    gradient (of any variable, its own too); the walk stops at training writes, beyond which
+    lies what a step computes after its updates."""
+    written = {w for ops in writes.values() for w in ops}
+    ops_of = [{graph.get_tensor_by_name(n).op for n in r.tensor_names()} for r in records]
+    found = []
+    for index, record in enumerate(records):
+        others = set().union(*(ops for i, ops in enumerate(ops_of) if i != index))
+        seen, stack = set(), [c for op in ops_of[index] for out in op.outputs
+                              for c in out.consumers()]
+        while stack:
+            op = stack.pop()
+            if op in seen or op.name in written:
+                continue
+            if op in others:
+                found.append(record.variable)
+                break
+            seen.add(op)
+            stack.extend(c for out in op.outputs for c in out.consumers())
+    return list(dict.fromkeys(found))
 
 
 def upstream_ops(ops) -> set:

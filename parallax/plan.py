@@ -105,6 +105,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     server_writes += [op for name in extra_state_servers
                       for op in analysis.extra_state[name].update_ops]
     server_writes = list(dict.fromkeys(server_writes))  # one op may update several
+    _check_differentiated_gradients_allreduced(analysis, variables)
     if config.sync:  # the chief alone applies the step's aggregates
         _check_server_writes_follow_gradients(analysis, server_writes)
         _check_no_conditional_server_writes(analysis, server_writes)
@@ -166,6 +167,23 @@ def validate(analysis: GraphAnalysis, config: Config,
     workers: which side of the servers a variable is on does not depend on the cluster."""
     make_plan(analysis, config, Cluster(worker_machines=[0], servers=["validation:0"]),
               decision=decision)
+
+
+def _check_differentiated_gradients_allreduced(analysis, variables) -> None:
+    """A gradient differentiated again (a gradient penalty) is the aggregate, as on one device
+    the combined batch's gradient is: an allreduce's sum or mean, whose gradient Horovod
+    defines, differentiates as that; a gather of rows or a server's aggregation does not (a
+    server's would wait for the step it is part of)."""
+    for name in analysis.differentiated:
+        plan = variables[name]
+        if plan.sync is not Sync.ALLREDUCE:
+            raise ParallaxError(
+                f"the gradient of {name!r} is differentiated again (a loss computed from "
+                "gradients: a gradient penalty, double backprop), and Parallax aggregates it "
+                f"by {plan.sync.value}, which cannot be differentiated as the combined batch's "
+                "gradient. Only a dense gradient, allreduced, can: use run_option='AR'"
+                + (", and a variable whose gradient is dense (not an embedding lookup's)"
+                   if plan.variable.is_sparse else ""))
 
 
 def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
@@ -248,6 +266,8 @@ def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool
     and in PS mode for the variables that stay replicated (per-worker state to average,
     replicas to broadcast)."""
     if run_option != "PS" or (sync_batch_norm and analysis.batch_moments):
+        return True
+    if analysis.averaged_writes:  # of global or local variables (a metric's)
         return True
     return any(name not in analysis.variables and not _on_server_in_ps(analysis, name)
                for name in analysis.all_variables)

@@ -60,6 +60,7 @@ class Steps:
         self._server_writes = set(cuts)
         self._writes = {graph.get_operation_by_name(name) for name in training_writes} | {
             graph.get_operation_by_name(cut) for cut in cuts.values() if cut}
+        self._computed_from_aggregates = self._aggregates_computed_from_others()
         self._monitored = {a for a in self._triggers if self._feeds_monitoring(a)}
         self._server_variables = set() if is_chief else {
             op for op in graph.get_operations()
@@ -175,10 +176,27 @@ class Steps:
             reached.add(op)
             if op in self._aggregates_of:
                 aggregates.update(self._aggregates_of[op])
-                continue
+                if op not in self._computed_from_aggregates:
+                    continue
             stack.extend(t.op for t in op.inputs if t not in fed)
             stack.extend(op.control_inputs)
         return reached, aggregates
+
+    def _aggregates_computed_from_others(self) -> set:
+        """Aggregate ops computed from another aggregate, as a penalty on the gradients is
+        differentiated again (analysis.differentiated): what is behind them reaches on to the
+        aggregates they need, which a step computes with them."""
+        seen, found = set(), set()
+        stack = [c for op in self._aggregates_of for out in op.outputs for c in out.consumers()]
+        while stack:
+            op = stack.pop()
+            if op in seen or op in self._writes:
+                continue
+            seen.add(op)
+            if op in self._aggregates_of:
+                found.add(op)
+            stack.extend(c for out in op.outputs for c in out.consumers())
+        return found
 
     def _feeds_monitoring(self, aggregate: tf.Tensor) -> bool:
         """Whether some consumer of `aggregate` leads to no write (a summary, say)."""

@@ -44,7 +44,8 @@ def _assert_single_device(tmp_path, shape):
 
 # Shapes a mode cannot train as one device would: refused at get_runner, saying why.
 REFUSED = {("cond", "PS"): "inside its function (tf.cond, tf.while_loop)",
-           ("cond", "HYBRID"): "inside its function (tf.cond, tf.while_loop)"}
+           ("cond", "HYBRID"): "inside its function (tf.cond, tf.while_loop)",
+           ("gradient_penalty", "PS"): "is differentiated again"}
 
 
 @pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
@@ -147,6 +148,21 @@ def _assert_refused(build, match, config=None):
 def _dense(x, name="w"):
     w = tf.compat.v1.get_variable(name, [3, 1], initializer=tf.compat.v1.ones_initializer())
     return w, tf.reduce_sum(tf.matmul(x, w))
+
+
+@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
+def test_a_penalty_on_a_sparse_gradient_is_refused(run_option):
+    """Gathered rows (or rows summed on a server) cannot be differentiated as the combined
+    batch's gradient: TensorFlow failed on mismatched shapes (AR, HYBRID), the PS job hung."""
+    def build(x):
+        table = tf.compat.v1.get_variable("table", [10, 3])
+        _, loss = _dense(x + tf.nn.embedding_lookup(table, [1, 2, 2, 5]))
+        gradient = tf.convert_to_tensor(tf.compat.v1.gradients(loss, table)[0])
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss + tf.reduce_sum(tf.square(gradient)))
+    _assert_refused(build, "the gradient of 'table' is differentiated again .* by (allgather|"
+                    "parameter server).* use run_option='AR', and a variable whose gradient "
+                    "is dense", parallax.Config(run_option=run_option))
 
 
 def test_gradient_tape_updates_are_refused():

@@ -298,6 +298,41 @@ def ps_pins():
     return inputs, loop
 
 
+def gradient_penalty():
+    """A penalty on the dense weights' gradients added to the loss (double backprop): on one
+    device those are the combined batch's gradients, and so is the gradient of the penalty."""
+    inputs = _inputs()
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    dense = [v for v in tf.compat.v1.trainable_variables() if "/w" in v.op.name]
+    penalty = tf.add_n([tf.reduce_sum(tf.square(g)) for g in tf.gradients(loss, dense)])
+    train_op = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss + 0.1 * penalty)
+    penalty_after = _read_after(train_op, dense[0])
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, penalty, penalty_after], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
+def metrics():
+    """tf.compat.v1.metrics (local variables, their own initializer) updated beside the train
+    op every step: an accuracy over the examples and a mean of the batch's loss."""
+    inputs = _inputs()
+    logits = _logits(inputs, "model")
+    loss = _cross_entropy(inputs, logits)
+    train_op = tf.compat.v1.train.AdamOptimizer(0.05).minimize(loss)
+    accuracy, accuracy_update = tf.compat.v1.metrics.accuracy(inputs["label"],
+                                                              tf.argmax(logits, 1))
+    mean_loss, mean_loss_update = tf.compat.v1.metrics.mean(loss)
+    reset = tf.compat.v1.local_variables_initializer()
+
+    def loop(run, feed, is_chief):
+        run(reset)
+        fetched = [run([train_op, accuracy_update, mean_loss_update], feed(step))[1:]
+                   for step in range(STEPS)]
+        return [value for pair in fetched for value in pair] + run([accuracy, mean_loss])
+    return inputs, loop
+
+
 def cond():
     """Updates applied inside tf.cond, every other step of a step counter, the counter
     advanced after them."""
@@ -359,7 +394,8 @@ def batchnorm():
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
           "references": references, "cond": cond, "schedule": schedule, "restore": restore,
-          "gradient_norms": gradient_norms, "ps_pins": ps_pins}
+          "gradient_norms": gradient_norms, "ps_pins": ps_pins,
+          "gradient_penalty": gradient_penalty, "metrics": metrics}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
