@@ -215,7 +215,7 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
     if not failures:
         # The last beats, sent as the workers exit, may show what the job must fail for.
         why = watchdog(exited)
-        return None if not why else JobFailed(why, 1)
+        return None if not why else JobFailed(why, 124)
     first_code = failures[0][1]
     return JobFailed(_failure_message(failures), first_code if first_code > 0 else 1)
 

@@ -120,7 +120,7 @@ def test_a_mark_one_worker_made_and_another_passed_fails_the_job_at_its_end():
     assert str(failure.value).startswith(
         "h:worker:0 restored after its step 2 and h:worker:1 did not, going on to step 3: "
         "the workers no longer train the same model")
-    assert failure.value.exit_code == 1
+    assert failure.value.exit_code == 124
 
 
 def test_a_mark_one_worker_made_and_another_passed_stops_the_job_while_it_runs():
