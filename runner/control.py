@@ -6,9 +6,9 @@ job is stopped, naming it), how far each worker is (a job whose workers sit in a
 not end is a deadlock: the job is stopped, naming the workers that are behind), what each worker
 did that all must do at the same point of their steps (a restore from a checkpoint: a worker
 that trains on without it no longer trains the same model, and the job is stopped, naming both),
-and what the user asked to report (a loss), for its progress bar and metrics file. A process whose driver
-stops answering (killed, or on the other side of a partition) stops itself within the
-heartbeat timeout, so nothing outlives its job on any host.
+and what the user asked to report (a loss), for its progress bar and metrics file. A process
+whose driver stops answering (killed, or on the other side of a partition) stops itself within
+the heartbeat timeout, so nothing outlives its job on any host.
 
 Messages are JSON over gRPC's generic handlers: no generated code, nothing of TensorFlow.
 """
