@@ -155,6 +155,7 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
              if op.type.startswith("FusedBatchNorm")
              and not op.type.startswith("FusedBatchNormGrad") and op.get_attr("is_training")]
     ahead = upstream_ops(t.op for t in gradient_tensors)
+    _check_trained_variables_not_written_from_the_batch(graph, variables, ahead, gradient_names)
     before_gradients = {w for ops in writes.values() for w in ops
                         if graph.get_operation_by_name(w) in ahead}
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
@@ -262,6 +263,27 @@ def _check_gradients_are_applied(graph, records, writes, after_gradients) -> Non
                 "is computed but never applied to any variable: Parallax aggregates gradients "
                 "for training only. Fetch or summarize the gradients your optimizer applies "
                 "(those returned by compute_gradients) instead of computing them again")
+
+
+def _check_trained_variables_not_written_from_the_batch(graph, variables, ahead,
+                                                       gradient_names) -> None:
+    """A write of a trained variable computed from the batch the gradients come from (the rows
+    of its ids), not through the aggregated gradients: each worker would write what its share
+    of the batch gives, where one device writes what the whole batch gives. Input only the write
+    reads (a pretrained table fed to an assign) is every worker's alike."""
+    batch = [op for op in ahead if op.type.startswith(_PER_WORKER_SOURCES)
+             and not is_setting(op)]
+    from_batch = _data_downstream(batch, stop=gradient_names)
+    for name, info in variables.items():
+        for write in info.update_ops:
+            if write in from_batch:
+                raise ParallaxError(
+                    f"{write!r} writes the trained variable {name!r} from the batch itself "
+                    "(not through its gradients, which Parallax aggregates): each worker would "
+                    "write what its share of the batch gives, one device what the combined "
+                    "batch gives (the rows of its ids, say). Write it from the variable alone "
+                    "(clip the whole table, or embedding_lookup's max_norm) or from the "
+                    "gradients")
 
 
 def _check_not_an_uncaptured_update(graph, name, write_ops) -> None:

@@ -162,9 +162,11 @@ class Steps:
 
     def _reads_a_server_variable(self, element) -> bool:
         """Whether `element` is a plain read of a server variable (not a value computed from
-        one: that would compute the forward pass, and take a batch, a second time)."""
+        one: that would compute the forward pass, and take a batch, a second time; nor a read
+        ordered after something, as the value an assign returns is read after the assign)."""
         return (isinstance(element, tf.Tensor) and element.op.type == "ReadVariableOp"
-                and element.op.inputs[0].op in self._server_variables)
+                and element.op.inputs[0].op in self._server_variables
+                and not element.op.control_inputs)
 
     def _reached(self, start_ops, fed):
         """Ops a run of `start_ops` runs, up to and including the aggregates; those aggregates."""

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from parallax.analysis import analyze
 from conftest import WORKLOADS, load_workload, run_job
 
 user_graphs = load_workload("user_graphs")
@@ -163,6 +164,33 @@ def test_a_penalty_on_a_sparse_gradient_is_refused(run_option):
     _assert_refused(build, "the gradient of 'table' is differentiated again .* by (allgather|"
                     "parameter server).* use run_option='AR', and a variable whose gradient "
                     "is dense", parallax.Config(run_option=run_option))
+
+
+def test_a_trained_variable_written_from_the_batch_is_refused():
+    """A max-norm of the rows the batch looked up, by scatter_update: each worker would clip
+    its own rows (AR: the replicas drift apart; PS: the chief's rows alone)."""
+    def build(x):
+        table = tf.compat.v1.get_variable("table", [10, 3])
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        _, loss = _dense(x + tf.nn.embedding_lookup(table, ids))
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with tf.control_dependencies([train_op]):
+            unique, _ = tf.unique(ids)
+            rows = tf.clip_by_norm(tf.gather(table, unique), 1.0, axes=[1])
+            tf.compat.v1.scatter_update(table, unique, rows)
+    _assert_refused(build, "writes the trained variable 'table' from the batch itself")
+
+
+def test_a_pretrained_table_fed_to_an_assign_is_not_written_from_the_batch():
+    """What only the write reads is fed alike to every worker (word2vec's pretrained vectors)."""
+    def build(x):
+        table = tf.compat.v1.get_variable("table", [10, 3])
+        table.assign(tf.compat.v1.placeholder(tf.float32, [10, 3], name="pretrained"),
+                     name="load_pretrained")
+        _, loss = _dense(x + tf.nn.embedding_lookup(table, [0, 1, 1, 2]))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    writes = analyze(_graph_with(build)).variables["table"].update_ops
+    assert "load_pretrained" in writes
 
 
 def test_gradient_tape_updates_are_refused():

@@ -333,6 +333,23 @@ def metrics():
     return inputs, loop
 
 
+def max_norm():
+    """A max-norm constraint on the embedding's rows after each update, the step fetched as
+    the value the assign returns (a read ordered after the assign)."""
+    inputs = _inputs()
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    embedding = [v for v in tf.compat.v1.trainable_variables() if v.op.name.endswith("emb")][0]
+    train_op = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss)
+    with tf.control_dependencies([train_op]):
+        constrained = embedding.assign(tf.clip_by_norm(embedding, 1.0, axes=[1]))
+    with tf.control_dependencies([constrained]):
+        loss_after = tf.identity(loss)  # each worker's own: fetched, not compared
+
+    def loop(run, feed, is_chief):
+        return [run([constrained, loss_after], feed(step))[0].sum() for step in range(STEPS)]
+    return inputs, loop
+
+
 def cond():
     """Updates applied inside tf.cond, every other step of a step counter, the counter
     advanced after them."""
@@ -395,7 +412,7 @@ def batchnorm():
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
           "references": references, "cond": cond, "schedule": schedule, "restore": restore,
           "gradient_norms": gradient_norms, "ps_pins": ps_pins,
-          "gradient_penalty": gradient_penalty, "metrics": metrics}
+          "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
