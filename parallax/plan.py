@@ -223,8 +223,9 @@ def _check_no_conditional_server_writes(analysis, server_writes) -> None:
     for name in server_writes:
         if analysis.function_calls.get(name):
             raise ParallaxError(
-                f"{analysis.function_calls[name]} {name!r} updates variables that live on "
-                "parameter servers inside its function (tf.cond, tf.while_loop): in PS/HYBRID "
+                f"{name!r} (a TensorFlow {analysis.function_calls[name]} op) updates "
+                "variables that live on parameter servers inside its function (tf.cond, "
+                "tf.while_loop): in PS/HYBRID "
                 "mode updates of server variables must be ops of the graph itself. Apply the "
                 "update unconditionally (say, with the gradient scaled by 0 or 1), or use "
                 "run_option='AR'")
