@@ -29,6 +29,14 @@ def copy_graph(graph: tf.Graph) -> tf.Graph:
     copy = tf.Graph()
     import_scoped_meta_graph(meta_graph, graph=copy, clear_devices=False)
     copy.seed = graph.seed
+    # Not in a MetaGraphDef: what TensorFlow refuses to fetch or feed (an op inside a v1
+    # tf.cond's branch), which a run of the copy must refuse too.
+    for op in graph.get_operations():
+        if not graph.is_fetchable(op):
+            copy.prevent_fetching(copy.get_operation_by_name(op.name))
+        for tensor in op.outputs:
+            if not graph.is_feedable(tensor):
+                copy.prevent_feeding(copy.get_tensor_by_name(tensor.name))
     return copy
 
 
