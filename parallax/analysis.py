@@ -167,22 +167,19 @@ def _differentiated(graph: tf.Graph, records: List[GradientRecord], writes) -> L
     """Variables one of whose recorded gradients flows, as a value, into another recorded
     gradient (of any variable, its own too); the walk stops at training writes, beyond which
     lies what a step computes after its updates."""
-    written = {w for ops in writes.values() for w in ops}
-    ops_of = [{graph.get_tensor_by_name(n).op for n in r.tensor_names()} for r in records]
+    written = {t.name for ops in writes.values() for w in ops
+               for t in graph.get_operation_by_name(w).outputs}
+    owners = collections.defaultdict(set)  # op name -> the records it computes
+    for index, record in enumerate(records):
+        for name in record.tensor_names():
+            owners[graph.get_tensor_by_name(name).op.name].add(index)
     found = []
     for index, record in enumerate(records):
-        others = set().union(*(ops for i, ops in enumerate(ops_of) if i != index))
-        seen, stack = set(), [c for op in ops_of[index] for out in op.outputs
-                              for c in out.consumers()]
-        while stack:
-            op = stack.pop()
-            if op in seen or op.name in written:
-                continue
-            if op in others:
-                found.append(record.variable)
-                break
-            seen.add(op)
-            stack.extend(c for out in op.outputs for c in out.consumers())
+        ops = {graph.get_tensor_by_name(name).op for name in record.tensor_names()}
+        reached = _data_downstream([c for op in ops for out in op.outputs
+                                    for c in out.consumers()], stop=written)
+        if any(owners.get(name, set()) - {index} for name in reached):
+            found.append(record.variable)
     return list(dict.fromkeys(found))
 
 
