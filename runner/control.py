@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 # grpc's C core logs a line when the driver's server goes away; that is expected here.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -161,21 +161,31 @@ class ControlServer:
     def _unmatched_mark(self) -> Optional[str]:
         """A mark one worker made after a step that another worker passed without making it.
         Each beat is one worker's state at one moment: what a worker made after fewer steps
-        than it has finished is final, so two workers are compared up to the fewer steps."""
+        than it has finished is final, so two workers are compared up to the fewer steps.
+        Each mark is compared once with the worker that made it most often at that step."""
         progress = {name: self._status[name].progress for name in self.workers}
-        for first, mine in progress.items():
+        for what, step, first, most in self._marks_by_step(progress):
             for second, theirs in progress.items():
-                before = min(mine.steps, theirs.steps)
-                for what, at in mine.marks.items():
-                    for step in sorted(set(at)):
-                        if (step < before and at.count(step)
-                                > theirs.marks.get(what, []).count(step)):
-                            when = (f"after its step {step}" if step
-                                    else "before its first step")
-                            return (f"{first} {what} {when} and {second} did not, going on "
-                                    f"to step {step + 1}: the workers no longer train the same "
-                                    "model. Every worker must run the same sequence of runs")
+                if (step < min(progress[first].steps, theirs.steps)
+                        and theirs.marks.get(what, []).count(step) < most):
+                    when = f"after its step {step}" if step else "before its first step"
+                    return (f"{first} {what} {when} and {second} did not, going on to step "
+                            f"{step + 1}: the workers no longer train the same model. Every "
+                            "worker must run the same sequence of runs")
         return None
+
+    @staticmethod
+    def _marks_by_step(progress: Dict[str, Progress]) -> List[Tuple[str, int, str, int]]:
+        """(what, step, the worker that made it most often after that step, how often) for
+        every mark any worker made, in the order of the steps."""
+        most: Dict[Tuple[str, int], Tuple[int, str]] = {}
+        for name, mine in progress.items():
+            for what, at in mine.marks.items():
+                for step in set(at):
+                    if at.count(step) > most.get((what, step), (0, ""))[0]:
+                        most[what, step] = (at.count(step), name)
+        return [(what, step, name, count) for (what, step), (count, name)
+                in sorted(most.items(), key=lambda item: (item[0][1], item[0][0]))]
 
     def _stall(self, exited) -> Optional[str]:
         progress = {name: self._status[name].progress for name in self.workers

@@ -136,6 +136,28 @@ def test_a_mark_one_worker_made_and_another_passed_stops_the_job_while_it_runs()
                                        if "mark_at" in " ".join(c.cmdline())]
 
 
+def test_marks_are_compared_with_the_worker_that_made_them_most_often():
+    """A restore run twice after one step by two workers and once by the third; a mark made
+    after a step the others have not passed yet is not compared yet."""
+    names = ["h:worker:0", "h:worker:1", "h:worker:2"]
+    control = _job(names, names)
+
+    def beat(name, steps, marks):
+        control._beat({"job": control.job, "name": name,
+                       "progress": {"steps": steps, "marks": marks}}, None)
+
+    try:
+        beat("h:worker:0", 5, {"restored": [2, 2]})
+        beat("h:worker:1", 5, {"restored": [2, 2, 5]})
+        beat("h:worker:2", 5, {"restored": [2, 2]})
+        assert control.check() is None  # nobody has passed step 5 yet
+        beat("h:worker:2", 5, {"restored": [2]})
+        assert control.check().startswith(
+            "h:worker:0 restored after its step 2 and h:worker:2 did not, going on to step 3")
+    finally:
+        control.stop()
+
+
 def test_a_process_whose_driver_is_gone_stops_itself():
     control = _job(["h:server:0"], [], heartbeat=2.0)
     spec = _spec(control, "h:server:0", 0, 0.0, "")
