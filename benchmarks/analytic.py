@@ -43,14 +43,7 @@ def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[
     cluster = cost.Cluster(hosts, workers_per_host)
     phases = [[{"tx": 0.0, "rx": 0.0} for _ in range(hosts)] for _ in range(2)]
     for variable in variables:
-        how, server = sync[variable["name"]]
-        sparse = variable["rows"] is not None and how != ALLREDUCE
-        stats = cost.VariableStats(
-            variable["name"], variable["bytes"], rows=variable["rows"] if sparse else None,
-            row_bytes=variable.get("row_bytes", 0), index_bytes=variable.get("index_bytes", 8),
-            unique=tuple(variable.get("unique_rows") or ()),
-            reads=1 if loop_copies else variable.get("reads", 1))
-        method = cost.Method(how, (server,) if how == PS else ())
+        stats, method = _in_cost_terms(variable, sync, loop_copies)
         for links, traffic in zip(phases, cost.link_phases(
                 stats, method, cluster, local_aggregation=summed_pushes,
                 unique_pulls=unique_pulls, hierarchical_allreduce=hierarchical_allreduce)):
@@ -58,6 +51,31 @@ def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[
                 link["tx"] += sent
                 link["rx"] += received
     return phases
+
+
+def waits_seconds(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],
+                  hosts: int, workers_per_host: int, hierarchical_allreduce: bool = False,
+                  loop_copies: bool = False, **_) -> float:
+    """cost.waits for the job: the seconds of its step's communication that are not bytes
+    (messages' latency at the cost model's assumed figure, machine stages' Horovod cycles)."""
+    placed = dict(_in_cost_terms(variable, sync, loop_copies) for variable in variables)
+    choice = {stats.name: method for stats, method in placed.items()}
+    return cost.waits(choice, {stats.name: stats for stats in placed},
+                      cost.Cluster(hosts, workers_per_host), cost.Links(),
+                      hierarchical_allreduce)
+
+
+def _in_cost_terms(variable: dict, sync: Dict[str, Tuple[str, Optional[int]]],
+                   loop_copies: bool) -> Tuple[cost.VariableStats, cost.Method]:
+    """A variable of the benchmark's record as the cost model takes it, and its method."""
+    how, server = sync[variable["name"]]
+    sparse = variable["rows"] is not None and how != ALLREDUCE
+    stats = cost.VariableStats(
+        variable["name"], variable["bytes"], rows=variable["rows"] if sparse else None,
+        row_bytes=variable.get("row_bytes", 0), index_bytes=variable.get("index_bytes", 8),
+        unique=tuple(variable.get("unique_rows") or ()),
+        reads=1 if loop_copies else variable.get("reads", 1))
+    return stats, cost.Method(how, (server,) if how == PS else ())
 
 
 def on_the_wire(payload: Dict[str, float]) -> Dict[str, float]:

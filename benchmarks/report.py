@@ -143,18 +143,19 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     row["link_seconds"] = busiest / rate_bytes_per_second(summary["rate"])
     row["link_bound_ratio"] = row["link_seconds"] / (row["step_ms"] / 1000)
     if single and "analytic" in row:
-        row["predicted_ms"] = predicted_step_ms(row["analytic_phases"], _chief(single), summary)
+        row["predicted_ms"] = predicted_step_ms(row["analytic_phases"], _chief(single), summary,
+                                                analytic.waits_seconds(**job))
         row["prediction_error"] = row["predicted_ms"] / row["step_ms"] - 1
     return row
 
 
-def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict,
-                      summary: dict) -> float:
-    """The step in the cost model's form (parallax/cost.py: compute, then each phase's busiest
-    link direction at the link rate, no overlap): one worker's compute, its CPU time shared by
-    all the workers (every emulated host is on this machine's cores; cost.shared_compute), and
-    the Table 3 bytes on the wire; not the messages' latency nor the Horovod cycles of machine
-    stages, which cost.step_time adds."""
+def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict, summary: dict,
+                      waits: float) -> float:
+    """The step as the cost model predicts it (parallax/cost.py step_time: compute, then each
+    phase's busiest link direction at the link rate, and the `waits` of its messages and
+    machine stages, no overlap): one worker's compute, its CPU time shared by all the workers
+    (every emulated host is on this machine's cores; cost.shared_compute), and the Table 3
+    bytes on the wire."""
     single_ms = _per_step_ms(single_chief)
     # Records from before the meter took CPU time: one core a worker.
     cpu_ms = (_per_step_ms(single_chief, "window_cpu_seconds")
@@ -164,7 +165,7 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict,
         summary.get("cores", os.cpu_count() or 1))
     busiest = analytic.cost.busiest_bytes(
         [[(link["tx"], link["rx"]) for link in phase] for phase in analytic_phases])
-    return compute_ms + 1000 * busiest / rate_bytes_per_second(summary["rate"])
+    return compute_ms + 1000 * (busiest / rate_bytes_per_second(summary["rate"]) + waits)
 
 
 def _per_step_ms(chief: dict, key: str = "window_seconds") -> float:
@@ -414,7 +415,7 @@ def _prediction_plot(plt, rows: Dict[str, List[dict]], out: str) -> None:
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xlabel("measured step (ms)")
-    axes.set_ylabel("predicted step (ms): compute + pulls + the rest, no overlap")
+    axes.set_ylabel("predicted step (ms): compute + each phase's link + waits, no overlap")
     axes.set_title("Cost model: predicted against measured step time")
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles))

@@ -172,15 +172,23 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
     """Seconds per step of a whole plan: compute, then each phase's busiest link direction's
     bytes and the longest chain of messages (and the cycles of machine stages, with
     hierarchical_allreduce), less the overlapped share of the shorter of the two."""
-    phases, rounds = _no_traffic(cluster), 0
+    phases = _no_traffic(cluster)
     for name, method in choice.items():
         phases = _added(phases, link_phases(stats[name], method, cluster, **options))
-        rounds = max(rounds, messages(stats[name], method, cluster))
-    communicate = _communication(phases, rounds, links)
-    if options.get("hierarchical_allreduce") and any(
-            method.how == ALLREDUCE for method in choice.values()):
-        communicate += MACHINE_STAGES_SECONDS
+    communicate = busiest_bytes(phases) / links.bandwidth + waits(
+        choice, stats, cluster, links, options.get("hierarchical_allreduce", False))
     return compute + communicate - overlap * min(compute, communicate)
+
+
+def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,
+          links: Links, hierarchical_allreduce: bool = False) -> float:
+    """Seconds of a step's communication that are not its bytes: a latency for each message
+    in sequence on the busiest link, and, with allreduces in machine stages, the two more
+    cycles of Horovod's background thread they wait for."""
+    rounds = max((messages(stats[name], method, cluster) for name, method in choice.items()),
+                 default=0)
+    staged = hierarchical_allreduce and any(m.how == ALLREDUCE for m in choice.values())
+    return rounds * links.latency + (MACHINE_STAGES_SECONDS if staged else 0.0)
 
 
 def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster, links: Links,

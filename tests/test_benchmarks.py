@@ -60,6 +60,24 @@ def test_a_variable_parallax_split_counts_as_its_shards_on_their_servers():
     assert max(split[0].values()) < max(whole[0].values())
 
 
+def test_the_predicted_step_waits_for_messages_and_machine_stages_as_the_cost_model_does():
+    """A step allreducing in machine stages waits two of Horovod's cycles more (what the
+    cost model's step_time adds): on a 1 ms step of tags they are most of the difference."""
+    sync = {"w": (analytic.ALLREDUCE, None), "e": (analytic.PS, 0)}
+    latency = analytic.cost.Links().latency
+    ring = analytic.waits_seconds([DENSE, SPARSE], sync, 2, 2)
+    assert ring == pytest.approx(6 * latency)  # the ring's 2(N-1) messages in sequence
+    assert analytic.waits_seconds([DENSE, SPARSE], sync, 2, 2, hierarchical_allreduce=True) == (
+        pytest.approx(ring + analytic.cost.MACHINE_STAGES_SECONDS))
+    assert analytic.waits_seconds([SPARSE], {"e": (analytic.PS, 0)}, 2, 2,
+                                  hierarchical_allreduce=True) == pytest.approx(2 * latency)
+    single = {"window_steps": 10, "window_seconds": [0.1], "window_cpu_seconds": [0.1]}
+    phases = [[{"tx": 1000.0, "rx": 0.0}, {"tx": 0.0, "rx": 1000.0}]] * 2
+    summary = {"hosts": 2, "workers_per_host": 1, "cores": 2, "rate": "8kbit"}  # 1000 B/s
+    assert report.predicted_step_ms(phases, single, summary, 0.5) == pytest.approx(
+        10 + 2000 + 500)
+
+
 def test_on_the_wire_adds_headers_and_acknowledgements():
     wire = analytic.on_the_wire({"tx": 1448 * 100, "rx": 0})
     assert wire == {"tx": 1514 * 100, "rx": 66 * 50}

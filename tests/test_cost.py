@@ -2,9 +2,10 @@
 import pytest
 
 from parallax import cost
-from parallax.cost import (ALLGATHER, ALLREDUCE, PS, Cluster, Links, Method, VariableStats,
-                           balance_by_bytes, choose, choose_with_allreduce_form, link_bytes,
-                           link_phases, machine_stages_pay, shared_compute, step_time)
+from parallax.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Cluster, Links,
+                           Method, VariableStats, balance_by_bytes, choose,
+                           choose_with_allreduce_form, link_bytes, link_phases,
+                           machine_stages_pay, shared_compute, step_time, waits)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -105,6 +106,17 @@ def test_step_time_is_compute_then_each_phases_busiest_link_and_its_messages():
         0.5 + (192 + 1716) / 1000 + 6 * 0.01)
     assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5, overlap=1.0) == (
         pytest.approx((192 + 1716) / 1000 + 6 * 0.01))
+
+
+def test_waits_are_the_longest_chain_of_messages_and_the_cycles_of_machine_stages():
+    links = Links(bandwidth=1000.0, latency=0.01)
+    choice = {"w": Method(ALLREDUCE), "e": Method(PS, (0,))}
+    stats = {"w": DENSE, "e": SPARSE}
+    assert waits(choice, stats, TWO_BY_TWO, links) == pytest.approx(6 * 0.01)
+    assert waits(choice, stats, TWO_BY_TWO, links, hierarchical_allreduce=True) == (
+        pytest.approx(6 * 0.01 + MACHINE_STAGES_SECONDS))
+    assert waits({"e": choice["e"]}, stats, TWO_BY_TWO, links,
+                 hierarchical_allreduce=True) == pytest.approx(2 * 0.01)  # nothing staged
 
 
 def test_workers_sharing_a_machines_cores_share_its_cpu_time():
