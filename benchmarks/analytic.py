@@ -43,14 +43,43 @@ def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[
     cluster = cost.Cluster(hosts, workers_per_host)
     phases = [[{"tx": 0.0, "rx": 0.0} for _ in range(hosts)] for _ in range(2)]
     for variable in variables:
-        stats, method = _in_cost_terms(variable, sync, loop_copies)
-        for links, traffic in zip(phases, cost.link_phases(
-                stats, method, cluster, local_aggregation=summed_pushes,
-                unique_pulls=unique_pulls, hierarchical_allreduce=hierarchical_allreduce)):
+        for links, traffic in zip(phases, _variable_phases(
+                variable, sync, cluster, unique_pulls, summed_pushes, loop_copies,
+                hierarchical_allreduce)):
             for link, (sent, received) in zip(links, traffic):
                 link["tx"] += sent
                 link["rx"] += received
     return phases
+
+
+def pushes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], hosts: int,
+           workers_per_host: int, host: int, direction: str, unique_pulls: bool = False,
+           summed_pushes: bool = False, loop_copies: bool = False,
+           hierarchical_allreduce: bool = False, clipped_on_workers: bool = False
+           ) -> List[Tuple[float, float]]:
+    """[(the share of a worker's compute done when it can go, payload bytes)] per variable on
+    `host`'s link in `direction` (tx, rx) in the step's second phase: a dense gradient pushed
+    to a server goes when it is ready (cost.pushed_when_ready; the single worker's traced
+    `ready`), unless the workers clip the gradients by their global norm before they push
+    them (TF-PS: SyncReplicasOptimizer applies what the model's clipping made)."""
+    cluster = cost.Cluster(hosts, workers_per_host)
+    sent = []
+    for variable in variables:
+        stats, method = _in_cost_terms(variable, sync, loop_copies)
+        traffic = _variable_phases(variable, sync, cluster, unique_pulls, summed_pushes,
+                                   loop_copies, hierarchical_allreduce)[1]
+        early = cost.pushed_when_ready(stats, method) and not clipped_on_workers
+        sent.append((variable.get("ready", 1.0) if early else 1.0,
+                     traffic[host][0 if direction == "tx" else 1]))
+    return sent
+
+
+def _variable_phases(variable, sync, cluster, unique_pulls, summed_pushes, loop_copies,
+                     hierarchical_allreduce):
+    stats, method = _in_cost_terms(variable, sync, loop_copies)
+    return cost.link_phases(stats, method, cluster, local_aggregation=summed_pushes,
+                            unique_pulls=unique_pulls,
+                            hierarchical_allreduce=hierarchical_allreduce)
 
 
 def waits_seconds(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],

@@ -4,12 +4,18 @@ is the compute-only reference (no network) and its throughput the base of every 
     python benchmarks/single_job.py --workload lm --out DIR
 """
 import argparse
+import os
+import sys
 
 import numpy as np
 import tensorflow as tf
 
 import meter
 from workloads import WORKLOADS, session_config
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from parallax.analysis import upstream_ops  # noqa: E402
+from parallax.capture import read_records  # noqa: E402  (importing parallax records gradients)
 
 
 def main():
@@ -21,13 +27,54 @@ def main():
     loss = workload.build_loss(workload.input_batch(lambda dataset: dataset))
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train_op = workload.minimize(loss, workload.make_optimizer(), global_step)
+    trained = {record.variable: record.tensor_names()  # the train op's, before any other
+               for record in read_records(tf.compat.v1.get_default_graph())}
     variables = tf.compat.v1.trainable_variables()
     gradients = tf.compat.v1.gradients(loss, variables)
     with tf.compat.v1.Session(config=session_config()) as session:
         session.run(tf.compat.v1.global_variables_initializer())
+        sizes = _sizes(session, variables, gradients, workload.loop_steps)
+        ready = _ready(session, train_op, trained)
+        for size in sizes:
+            size["ready"] = ready.get(size["name"], 1.0)
         meter.measure(lambda: session.run(train_op), args.out, True, args.warmup, args.window,
                       args.windows, system="single", workers=1, **workload.details(1),
-                      variables=_sizes(session, variables, gradients, workload.loop_steps))
+                      variables=sizes)
+
+
+def _ready(session, train_op, trained, warmup=3, traced=3):
+    """Per variable, the share of a step done when its gradient, as autodiff computed it, is
+    ready: the end of the last op it comes from (cost.VariableStats.ready), the median of
+    `traced` steps."""
+    for _ in range(warmup):
+        session.run(train_op)
+    shares = {variable: [] for variable in trained}
+    for _ in range(traced):
+        spans = _traced_step(session, train_op)
+        begin = min(start for start, _ in spans.values())
+        length = max(end for _, end in spans.values()) - begin
+        for variable, names in trained.items():
+            ops = [session.graph.get_tensor_by_name(name).op for name in names]
+            # The gradient's own op may be renamed or folded by Grappler: the ops it comes
+            # from were run for it.
+            ends = [spans[op.name][1] for op in {*ops, *upstream_ops(ops)} if op.name in spans]
+            shares[variable].append((max(ends) - begin) / length if ends else 1.0)
+    return {variable: float(np.median(values)) for variable, values in shares.items()}
+
+
+def _traced_step(session, train_op):
+    """{op name: (start, end)} in microseconds of a traced run of the train op."""
+    metadata = tf.compat.v1.RunMetadata()
+    session.run(train_op, options=tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    spans = {}
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            start = node.all_start_micros
+            first, last = spans.get(node.node_name, (start, start))
+            spans[node.node_name] = (min(first, start),
+                                     max(last, start + node.all_end_rel_micros))
+    return spans
 
 
 def _sizes(session, variables, gradients, loop_steps, batches=4):

@@ -39,7 +39,8 @@ class Workload:
     def details(self, workers: int) -> dict:
         """What a benchmark record says about the workload a step of `workers` trained."""
         return {"workload": self.name, "unit": self.unit,
-                "units_per_step": workers * self.batch_per_worker * self.units_per_sample}
+                "units_per_step": workers * self.batch_per_worker * self.units_per_sample,
+                "clips_gradients": self.clip_norm is not None}
 
     def input_batch(self, shard: Callable[[tf.data.Dataset], tf.data.Dataset]):
         """This worker's next batch; `shard` is the system's own way of splitting the data."""

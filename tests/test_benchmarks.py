@@ -74,8 +74,38 @@ def test_the_predicted_step_waits_for_messages_and_machine_stages_as_the_cost_mo
     single = {"window_steps": 10, "window_seconds": [0.1], "window_cpu_seconds": [0.1]}
     phases = [[{"tx": 1000.0, "rx": 0.0}, {"tx": 0.0, "rx": 1000.0}]] * 2
     summary = {"hosts": 2, "workers_per_host": 1, "cores": 2, "rate": "8kbit"}  # 1000 B/s
-    assert report.predicted_step_ms(phases, single, summary, 0.5) == pytest.approx(
-        10 + 2000 + 500)
+    job = dict(variables=[DENSE], sync={"w": (analytic.ALLREDUCE, None)}, hosts=2,
+               workers_per_host=1, hierarchical_allreduce=True)
+    # 1 s of allreduce after 10 ms of compute (the framing's bytes are the phases' own).
+    assert report.predicted_step_ms(phases, single, summary, job) == pytest.approx(
+        1000 + 10 + 1000 + 1000 * analytic.waits_seconds(**job))
+
+
+def test_a_dense_gradient_pushed_to_a_server_leaves_as_soon_as_it_is_ready_unless_clipped():
+    """cnn's last layers' gradients are ready early in the backward pass: a worker pushes
+    them to their server while it computes the others. TF-PS with the model's clipping by the
+    global norm pushes only after every gradient is ready."""
+    early = dict(DENSE, ready=0.25)
+    sync = {"w": (analytic.PS, 0), "e": (analytic.PS, 1)}
+    pushes = analytic.pushes([early, SPARSE], sync, 2, 2, host=0, direction="rx",
+                             summed_pushes=True)
+    assert pushes == [(0.25, 2 * 1000), (1.0, 0)]  # host 1's two workers push w to host 0
+    assert analytic.pushes([early], {"w": (analytic.ALLREDUCE, None)}, 2, 2, host=0,
+                           direction="rx")[0][0] == 1.0
+    assert analytic.pushes([early], sync, 2, 2, host=0, direction="rx",
+                           clipped_on_workers=True)[0][0] == 1.0
+    single = {"window_steps": 1, "window_seconds": [0.4], "window_cpu_seconds": [0.4]}
+    summary = {"hosts": 2, "workers_per_host": 2, "cores": 4, "rate": "16kbit"}  # 2000 B/s
+    phases = [[{"tx": 2000.0, "rx": 0.0}, {"tx": 0.0, "rx": 2000.0}],  # host 0 serves w
+              [{"tx": 0.0, "rx": 2000.0}, {"tx": 2000.0, "rx": 0.0}]]
+    job = dict(variables=[early], sync={"w": (analytic.PS, 0)}, hosts=2, workers_per_host=2)
+    # 1 s of pulls, 0.4 s of compute, 1 s of pushes from 0.1 s into it, two latencies.
+    latency = analytic.cost.Links().latency
+    assert report.predicted_step_ms(phases, single, summary, job) == pytest.approx(
+        1000 * (1 + 0.1 + 1 + 2 * latency))
+    clipped = dict(job, clipped_on_workers=True)
+    assert report.predicted_step_ms(phases, single, summary, clipped) == pytest.approx(
+        1000 * (1 + 0.4 + 1 + 2 * latency))
 
 
 def test_on_the_wire_adds_headers_and_acknowledgements():

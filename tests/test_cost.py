@@ -1,11 +1,13 @@
 """The cost model against figures worked out by hand (2 machines x 2 workers unless said)."""
+import dataclasses
+
 import pytest
 
 from parallax import cost
 from parallax.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Cluster, Links,
                            Method, VariableStats, balance_by_bytes, choose,
-                           choose_with_allreduce_form, link_bytes, link_phases,
-                           machine_stages_pay, shared_compute, step_time, waits)
+                           choose_with_allreduce_form, compute_and_pushes, link_bytes,
+                           link_phases, machine_stages_pay, shared_compute, step_time, waits)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -104,8 +106,33 @@ def test_step_time_is_compute_then_each_phases_busiest_link_and_its_messages():
     # 216 that machine 0 receives; the allreduce's 2(N-1) = 6 messages in sequence.
     assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5) == pytest.approx(
         0.5 + (192 + 1716) / 1000 + 6 * 0.01)
-    assert step_time(choice, stats, TWO_BY_TWO, links, compute=0.5, overlap=1.0) == (
-        pytest.approx((192 + 1716) / 1000 + 6 * 0.01))
+
+
+def test_a_dense_gradient_pushed_to_a_server_leaves_while_the_compute_goes_on():
+    """2 s of compute; w's gradient is ready after 20% of it, and its pushes take machine 1's
+    link 2 s (its two workers' 1000 bytes at 1000 B/s), after the pulls' 2 s."""
+    links = Links(bandwidth=1000.0, latency=0.0)
+    early = VariableStats("w", nbytes=1000, ready=0.2)
+    on_server = {"w": Method(PS, (0,))}
+    assert step_time(on_server, {"w": early}, TWO_BY_TWO, links, compute=2.0) == (
+        pytest.approx(2 + 0.4 + 2))
+    assert step_time(on_server, {"w": DENSE}, TWO_BY_TWO, links, compute=2.0) == (
+        pytest.approx(2 + 2 + 2))  # ready at the end (not measured)
+    # Rows summed with the machine's others, and an allreduce, wait for the compute's end.
+    rows = dataclasses.replace(SPARSE, ready=0.2)
+    assert step_time({"e": Method(PS, (0,))}, {"e": rows}, TWO_BY_TWO, links, compute=2.0) == (
+        pytest.approx(step_time({"e": Method(PS, (0,))}, {"e": SPARSE}, TWO_BY_TWO, links,
+                                compute=2.0)))
+    assert step_time({"w": Method(ALLREDUCE)}, {"w": early}, TWO_BY_TWO, links, compute=2.0) == (
+        pytest.approx(2 + 1.5))
+
+
+def test_pushes_go_in_the_order_they_are_ready_when_the_link_is_free():
+    assert compute_and_pushes(1.0, []) == 1.0
+    assert compute_and_pushes(1.0, [(0.5, 0.2), (0.1, 0.3)]) == pytest.approx(1.0)
+    assert compute_and_pushes(1.0, [(0.1, 0.6), (0.2, 0.6)]) == pytest.approx(1.3)
+    assert compute_and_pushes(1.0, [(1.0, 0.5), (0.9, 0.05)]) == pytest.approx(1.5)
+    assert compute_and_pushes(0.0, [(0.3, 0.5), (1.0, 0.5)]) == pytest.approx(1.0)
 
 
 def test_waits_are_the_longest_chain_of_messages_and_the_cycles_of_machine_stages():
