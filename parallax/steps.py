@@ -61,7 +61,10 @@ class Steps:
         self._writes = {graph.get_operation_by_name(name) for name in training_writes} | {
             graph.get_operation_by_name(cut) for cut in cuts.values() if cut}
         self._computed_from_aggregates = self._aggregates_computed_from_others()
-        self._monitored = {a for a in self._triggers if self._feeds_monitoring(a)}
+        # An aggregate some consumer of which leads to no write feeds a monitor (a summary).
+        lead_to_writes = upstream_ops(self._writes) | self._writes
+        self._monitored = {a for a in self._triggers
+                           if any(c not in lead_to_writes for c in a.consumers())}
         self._server_variables = set() if is_chief else {
             op for op in graph.get_operations()
             if op.type in VARIABLE_OP_TYPES and op.device.startswith("/job:ps")}
@@ -199,23 +202,6 @@ class Steps:
                 found.add(op)
             stack.extend(c for out in op.outputs for c in out.consumers())
         return found
-
-    def _feeds_monitoring(self, aggregate: tf.Tensor) -> bool:
-        """Whether some consumer of `aggregate` leads to no write (a summary, say)."""
-        return any(self._leads_to_no_write(consumer) for consumer in aggregate.consumers())
-
-    def _leads_to_no_write(self, start: tf.Operation) -> bool:
-        seen, stack = set(), [start]
-        while stack:
-            op = stack.pop()
-            if op in self._writes:
-                return False
-            if op in seen:
-                continue
-            seen.add(op)
-            stack.extend(c for out in op.outputs for c in out.consumers())
-            stack.extend(op._control_outputs)  # pylint: disable=protected-access
-        return True
 
 
 def _restore_writes(op: tf.Operation) -> List[tf.Operation]:
