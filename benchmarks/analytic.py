@@ -45,7 +45,7 @@ def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[
     for variable in variables:
         for links, traffic in zip(phases, _variable_phases(
                 variable, sync, cluster, unique_pulls, summed_pushes, loop_copies,
-                hierarchical_allreduce)):
+                hierarchical_allreduce)[2]):
             for link, (sent, received) in zip(links, traffic):
                 link["tx"] += sent
                 link["rx"] += received
@@ -65,21 +65,22 @@ def pushes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], ho
     cluster = cost.Cluster(hosts, workers_per_host)
     sent = []
     for variable in variables:
-        stats, method = _in_cost_terms(variable, sync, loop_copies)
-        traffic = _variable_phases(variable, sync, cluster, unique_pulls, summed_pushes,
-                                   loop_copies, hierarchical_allreduce)[1]
+        stats, method, (_, second) = _variable_phases(
+            variable, sync, cluster, unique_pulls, summed_pushes, loop_copies,
+            hierarchical_allreduce)
         early = cost.pushed_when_ready(stats, method) and not clipped_on_workers
         sent.append((variable.get("ready", 1.0) if early else 1.0,
-                     traffic[host][0 if direction == "tx" else 1]))
+                     second[host][0 if direction == "tx" else 1]))
     return sent
 
 
 def _variable_phases(variable, sync, cluster, unique_pulls, summed_pushes, loop_copies,
                      hierarchical_allreduce):
+    """The variable in the cost model's terms, its method, and its bytes in the two phases."""
     stats, method = _in_cost_terms(variable, sync, loop_copies)
-    return cost.link_phases(stats, method, cluster, local_aggregation=summed_pushes,
-                            unique_pulls=unique_pulls,
-                            hierarchical_allreduce=hierarchical_allreduce)
+    return stats, method, cost.link_phases(
+        stats, method, cluster, local_aggregation=summed_pushes, unique_pulls=unique_pulls,
+        hierarchical_allreduce=hierarchical_allreduce)
 
 
 def waits_seconds(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],

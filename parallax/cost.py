@@ -193,8 +193,8 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 def pushed_when_ready(var: VariableStats, method: Method) -> bool:
     """Whether each worker sends `var`'s gradient on its own as soon as it is ready, while the
     compute goes on: a dense gradient to a server. A sparse one is summed with its machine's
-    others first (local aggregation); an allreduce waits for every worker, and Horovod's,
-    measured on the benchmark, overlap nothing of the compute (cnn predicted within 5%)."""
+    others first (local aggregation); an allreduce waits for every worker, and Horovod's
+    overlap nothing measurable of the compute on the benchmark (cnn's predicted without it)."""
     return method.how == PS and not var.sparse
 
 
