@@ -15,6 +15,7 @@ Messages are JSON over gRPC's generic handlers: no generated code, nothing of Te
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import copy
 import dataclasses
@@ -164,10 +165,12 @@ class ControlServer:
         than it has finished is final, so two workers are compared up to the fewer steps.
         Each mark is compared once with the worker that made it most often at that step."""
         progress = {name: self._status[name].progress for name in self.workers}
-        for what, step, first, most in self._marks_by_step(progress):
+        counts = {name: {what: collections.Counter(at) for what, at in p.marks.items()}
+                  for name, p in progress.items()}
+        for what, step, first, most in self._marks_by_step(counts):
             for second, theirs in progress.items():
                 if (step < min(progress[first].steps, theirs.steps)
-                        and theirs.marks.get(what, []).count(step) < most):
+                        and counts[second].get(what, {}).get(step, 0) < most):
                     when = f"after its step {step}" if step else "before its first step"
                     return (f"{first} {what} {when} and {second} did not, going on to step "
                             f"{step + 1}: the workers no longer train the same model. Every "
@@ -175,15 +178,17 @@ class ControlServer:
         return None
 
     @staticmethod
-    def _marks_by_step(progress: Dict[str, Progress]) -> List[Tuple[str, int, str, int]]:
+    def _marks_by_step(counts: Dict[str, Dict[str, collections.Counter]]
+                       ) -> List[Tuple[str, int, str, int]]:
         """(what, step, the worker that made it most often after that step, how often) for
-        every mark any worker made, in the order of the steps."""
+        every mark any worker made, in the order of the steps; `counts`: per worker and mark,
+        how often it was made after each step."""
         most: Dict[Tuple[str, int], Tuple[int, str]] = {}
-        for name, mine in progress.items():
-            for what, at in mine.marks.items():
-                for step in set(at):
-                    if at.count(step) > most.get((what, step), (0, ""))[0]:
-                        most[what, step] = (at.count(step), name)
+        for name, marks in counts.items():
+            for what, made in marks.items():
+                for step, count in made.items():
+                    if count > most.get((what, step), (0, ""))[0]:
+                        most[what, step] = (count, name)
         return [(what, step, name, count) for (what, step), (count, name)
                 in sorted(most.items(), key=lambda item: (item[0][1], item[0][0]))]
 
