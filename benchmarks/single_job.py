@@ -48,16 +48,19 @@ def _ready(session, train_op, trained, warmup=3, traced=3):
     `traced` steps."""
     for _ in range(warmup):
         session.run(train_op)
+    # The gradient's own op may be renamed or folded by Grappler: the ops it comes from were
+    # run for it.
+    sources = {}
+    for variable, names in trained.items():
+        ops = [session.graph.get_tensor_by_name(name).op for name in names]
+        sources[variable] = {op.name for op in {*ops, *upstream_ops(ops)}}
     shares = {variable: [] for variable in trained}
     for _ in range(traced):
         spans = _traced_step(session, train_op)
         begin = min(start for start, _ in spans.values())
         length = max(end for _, end in spans.values()) - begin
-        for variable, names in trained.items():
-            ops = [session.graph.get_tensor_by_name(name).op for name in names]
-            # The gradient's own op may be renamed or folded by Grappler: the ops it comes
-            # from were run for it.
-            ends = [spans[op.name][1] for op in {*ops, *upstream_ops(ops)} if op.name in spans]
+        for variable, names in sources.items():
+            ends = [spans[name][1] for name in names if name in spans]
             shares[variable].append((max(ends) - begin) / length if ends else 1.0)
     return {variable: float(np.median(values)) for variable, values in shares.items()}
 
