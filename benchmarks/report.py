@@ -169,12 +169,11 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict, sum
         single_ms, cpu_ms, summary["hosts"] * summary["workers_per_host"],
         summary.get("cores", os.cpu_count() or 1)) / 1000
     rate = rate_bytes_per_second(summary["rate"])
-    pulls, second = analytic_phases
-    host, direction = max(((h, d) for h in range(len(second)) for d in ("tx", "rx")),
-                          key=lambda link: second[link[0]][link[1]])
-    payload = analytic.pushes(host=host, direction=direction, **job)
+    pulls, second = ([[link["tx"], link["rx"]] for link in phase] for phase in analytic_phases)
+    host, direction = analytic.cost.busiest_link(second)
+    payload = analytic.pushes(host=host, direction=("tx", "rx")[direction], **job)
     framed = second[host][direction] / max(sum(nbytes for _, nbytes in payload), 1e-9)
-    return 1000 * (max(max(link.values()) for link in pulls) / rate
+    return 1000 * (analytic.cost.busiest_bytes([pulls]) / rate
                    + analytic.cost.compute_and_pushes(
                        compute, [(ready, nbytes * framed / rate) for ready, nbytes in payload])
                    + analytic.waits_seconds(**job))

@@ -182,7 +182,7 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
         traffic = link_phases(stats[name], method, cluster, **options)
         phases = _added(phases, traffic)
         second.append((name, method, traffic[1]))
-    machine, direction = _busiest_link(phases[1])
+    machine, direction = busiest_link(phases[1])
     pushes = [(stats[name].ready if pushed_when_ready(stats[name], method) else 1.0,
                traffic[machine][direction] / links.bandwidth)
               for name, method, traffic in second]
@@ -250,7 +250,7 @@ def _added(phases: Tuple[Traffic, Traffic], more: Tuple[Traffic, Traffic]
                  for phase, add in zip(phases, more))
 
 
-def _busiest_link(phase: Traffic) -> Tuple[int, int]:
+def busiest_link(phase: Traffic) -> Tuple[int, int]:
     """(machine, 0 for sending or 1 for receiving) of a phase's busiest link direction."""
     return max(((machine, direction) for machine in range(len(phase)) for direction in (0, 1)),
                key=lambda link: phase[link[0]][link[1]])
