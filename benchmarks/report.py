@@ -108,6 +108,7 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
     if chief.get("window_cpu_seconds"):
         row["cpu_ms"] = _per_step_ms(chief, "window_cpu_seconds")
     if result["system"] == "single":
+        row["runs_ms"] = result.get("runs_ms", [row["step_ms"]])
         return row
     if result.get("phases"):
         row["phases"] = result["phases"][0]  # the chief's profiled step
@@ -190,9 +191,24 @@ def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:
         by_workload.setdefault(result["workload"], []).append(result)
     rows = {}
     for workload, results in by_workload.items():
-        single = next((r for r in results if r["system"] == "single" and not r["error"]), None)
-        rows[workload] = [summarize(r, single, summary) for r in results]
+        measured = [r for r in results if r["system"] == "single" and not r["error"]]
+        single = one_worker(measured) if measured else None
+        rows[workload] = [summarize(r, single, summary) for r in (
+            [single] if single else []) + [r for r in results if r["system"] != "single"
+                                           or not measured]]
     return rows
+
+
+def one_worker(singles: List[dict]) -> dict:
+    """A workload's measurements of one worker alone (run.py: before and after its other
+    jobs, as this machine's speed drifts) as one result: the windows of all of them."""
+    chiefs = [_chief(result) for result in singles]
+    merged = dict(chiefs[0], window_seconds=[s for c in chiefs for s in c["window_seconds"]])
+    if all(c.get("window_cpu_seconds") for c in chiefs):
+        merged["window_cpu_seconds"] = [s for c in chiefs for s in c["window_cpu_seconds"]]
+    else:  # a record from before the meter took CPU time
+        merged.pop("window_cpu_seconds", None)
+    return dict(singles[0], records=[merged], runs_ms=[_per_step_ms(c) for c in chiefs])
 
 
 def _mb(value: float) -> str:
@@ -348,8 +364,11 @@ def write(summary: dict, out: str) -> None:
         if single and not single["error"]:
             cpu = (f", {single['cpu_ms']:.0f} ms of CPU time on {summary.get('cores')} cores"
                    if "cpu_ms" in single else "")
+            runs = (" (the median of its windows measured before and after the other jobs, "
+                    "whose medians were " + " and ".join(f"{ms:.0f}" for ms in single["runs_ms"])
+                    + " ms)" if len(single["runs_ms"]) > 1 else "")
             lines.append(f"One worker alone, compute only: {single['step_ms']:.0f} ms a step "
-                         f"({single['throughput']:.0f} {single['unit']}/s{cpu}).")
+                         f"({single['throughput']:.0f} {single['unit']}/s{cpu}){runs}.")
             lines.append("")
         main = [r for r in workload_rows if not r["system"].startswith("ablation")]
         lines += _table(main) + [""]

@@ -147,8 +147,9 @@ EVERY_JOB = {**SYSTEMS, **ABLATION, **STRAGGLER}  # what --systems may name
 
 
 def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
-            timeout: float) -> dict:
-    raw = os.path.join(out, "raw", workload, name)
+            timeout: float, folder: str = "") -> dict:
+    """The job's result; its records and log are in out/raw/workload/(folder or name)."""
+    raw = os.path.join(out, "raw", workload, folder or name)
     shutil.rmtree(raw, ignore_errors=True)
     os.makedirs(raw)
     specs = specs_fn(setup, workload, raw)
@@ -260,6 +261,10 @@ def main():
                 jobs.update(STRAGGLER)
             for name, specs_fn in jobs.items():
                 results.append(run_job(name, specs_fn, setup, workload, args.out, args.timeout))
+            # This machine's speed drifts (a virtual machine's cores): one worker alone is
+            # measured again after the workload's jobs, and the report takes both.
+            results.append(run_job("single", _single, setup, workload, args.out, args.timeout,
+                                   folder="single-after"))
     finally:
         subprocess.run(["bash", CLUSTER_SCRIPT, "down"], env=cluster_env, check=True)
     summary = {"transform": _transform_time(), "hosts": args.hosts,

@@ -137,6 +137,24 @@ def test_repeated_runs_give_each_runs_auto_ratio_and_the_minimum_against_the_tar
 
 
 @pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
+def test_one_worker_alone_is_the_windows_of_its_runs_before_and_after_the_other_jobs():
+    def single(seconds, cpu):
+        return {"system": "single", "workload": "lm", "error": None, "records": [
+            {"is_chief": True, "window_steps": 10, "window_seconds": seconds,
+             "window_cpu_seconds": cpu, "unit": "words", "units_per_step": 1,
+             "variables": [DENSE]}]}
+
+    slow, fast = single([0.5, 0.5, 0.4], [0.9, 0.9, 0.8]), single([0.2, 0.3, 0.3], [0.4] * 3)
+    merged = report.one_worker([slow, fast])
+    assert merged["runs_ms"] == pytest.approx([50, 30])
+    chief = report._chief(merged)  # pylint: disable=protected-access
+    assert chief["window_seconds"] == [0.5, 0.5, 0.4, 0.2, 0.3, 0.3]
+    assert chief["window_cpu_seconds"] == [0.9, 0.9, 0.8, 0.4, 0.4, 0.4]
+    summary = {"hosts": 2, "workers_per_host": 1, "rate": "100mbit", "results": [slow, fast]}
+    (row,) = report.rows_by_workload(summary)["lm"]  # one row for both runs
+    assert row["step_ms"] == pytest.approx(35) and row["runs_ms"] == pytest.approx([50, 30])
+
+
 def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
     env = dict(os.environ, PARALLAX_BENCH_CLUSTER_DIR="/tmp/parallax-test-bench")
     result = subprocess.run(
@@ -146,7 +164,8 @@ def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
         env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = (tmp_path / "results.md").read_text()
-    for label in ("Parallax HYBRID", "Horovod", "TF-PS", "1 worker"):
+    for label in ("Parallax HYBRID", "Horovod", "TF-PS", "1 worker",
+                  "measured before and after the other jobs"):
         assert label in text
     assert "failed" not in text, text
     assert (tmp_path / "lm.png").stat().st_size > 0
