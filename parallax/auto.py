@@ -8,7 +8,8 @@ build the same graph and plan.
 The probe reads the input the graph reads itself (tf.data, as `parallax.shard` expects, or a
 queue-based pipeline, whose queue runners it starts and stops); a graph fed through feed_dict
 cannot be measured before it runs, and gets HYBRID's rule, as does one whose input the driver
-waits for longer than PROBE_RUN_SECONDS. The same
+waits for longer than PROBE_RUN_SECONDS, and one whose variables would take more than
+PROBE_MEMORY_SHARE of the driver's free memory. The same
 session times the training step of one worker alone (every update the graph makes from its
 gradients, on one batch), for the predicted step time that `runner.describe()` reports.
 """
@@ -23,10 +24,12 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import psutil
 import tensorflow as tf
 
 from parallax import cost
 from parallax.analysis import GraphAnalysis, is_setting, upstream_ops
+from parallax.capture import VARIABLE_OP_TYPES
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
 from parallax.graph_copy import copy_graph
@@ -88,6 +91,11 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     shape = cost.Cluster(len(workers_per_machine), max(workers_per_machine))
     measured = links is not None
     links = links or cost.Links()
+    needed, free = variables_bytes(graph), psutil.virtual_memory().available
+    if needed > PROBE_MEMORY_SHARE * free:
+        return _decision_by_rule(graph, analysis, run_option, split, shape, (
+            f"the probe would allocate the graph's variables, {needed / 1e9:.3g} GB, more "
+            f"than {PROBE_MEMORY_SHARE:.0%} of the driver's free memory ({free / 1e9:.3g} GB)"))
     try:
         with _probe_session(copy_graph(graph)) as session:
             stats, problem = measure(session, analysis, shape.workers)
@@ -367,6 +375,23 @@ def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,
             row_bytes=row_bytes, index_bytes=sparse[info.name][0].dtype.size,
             unique=tuple(unique))
     return stats, None
+
+
+# The probe allocates every variable of the graph in the driver; a model larger than this share
+# of its free memory (a table sharded because no single machine holds it) is not measured.
+PROBE_MEMORY_SHARE = 0.5
+
+
+def variables_bytes(graph: tf.Graph) -> int:
+    """Bytes of every variable the graph creates, optimizer slots included, as a session of it
+    allocates them (a variable of unknown shape counts nothing)."""
+    total = 0
+    for op in graph.get_operations():
+        if op.type in VARIABLE_OP_TYPES:
+            shape = tf.TensorShape(op.get_attr("shape"))
+            if shape.is_fully_defined():
+                total += shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+    return total
 
 
 # A probe run waiting longer than this waits for input the driver cannot read (a queue that

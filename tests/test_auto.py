@@ -227,6 +227,21 @@ def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monk
                              "than 1 s (for input only the workers can read?)")
 
 
+def test_the_variables_the_probe_would_allocate_count_optimizer_slots():
+    graph = _graph(vocab=1000, ids_per_batch=10)
+    # the table and w, each with Adam's two slots, and Adam's two beta powers
+    assert auto.variables_bytes(graph) == 3 * 4 * (1000 * 64 + 64) + 2 * 4
+
+
+def test_a_model_larger_than_the_drivers_free_memory_is_not_probed_and_says_why():
+    graph = _graph(vocab=10 ** 9, ids_per_batch=10)  # 768 GB with Adam's slots
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
+    assert decision.note.startswith(
+        "HYBRID's rule: the probe would allocate the graph's variables, 768 GB, more than 50% "
+        "of the driver's free memory ("), decision.note
+
+
 def _ema_before_gradients_graph():
     """A table read as words are read, with a moving average of it in UPDATE_OPS, which the
     train op is built to wait for (the gradients then wait for the average's update)."""
