@@ -192,10 +192,11 @@ def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:
     rows = {}
     for workload, results in by_workload.items():
         measured = [r for r in results if r["system"] == "single" and not r["error"]]
-        single = one_worker(measured) if measured else None
-        rows[workload] = [summarize(r, single, summary) for r in (
-            [single] if single else []) + [r for r in results if r["system"] != "single"
-                                           or not measured]]
+        single = None
+        if measured:  # one row for the runs of one worker alone
+            single = one_worker(measured)
+            results = [single] + [r for r in results if r["system"] != "single"]
+        rows[workload] = [summarize(r, single, summary) for r in results]
     return rows
 
 
