@@ -119,7 +119,7 @@ class Config:
         shards over the servers (passes/split_variables.py): None (default), where the cost
         model predicts it faster under AUTO or search_partitions; True, every one a server
         holds that can be split, in one shard a machine (the driver checks which can, as for
-        AUTO); False, none (a split table's gradient rows cannot be fetched).
+        AUTO); False, none.
     profile_config: a parallax.ProfileConfig(profile_dir, profile_steps, profile_workers): a
         Chrome trace of those runs on those workers, and how long each spent in each phase
         (input, pull, push, server, allreduce, wait_for_chief, compute) in phases.jsonl.

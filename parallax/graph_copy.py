@@ -7,7 +7,7 @@ export_meta_graph show and store the single-device graph, which loads without Ho
 """
 from __future__ import annotations
 
-from typing import Dict, Union
+from typing import Dict, Optional, Union
 
 import tensorflow as tf
 # import_meta_graph would also add a Saver of every variable to the copy: this is its import alone.
@@ -79,19 +79,20 @@ class GraphMap:
         self._ops: Dict[str, tf.Operation] = {}  # user's op name -> copied op, built later
         self._known = {op.name for op in user.get_operations()}  # in the copy by their name
 
-    def find(self, element: Element) -> Element:
+    def find(self, element: Element, aggregated: Optional[Dict[str, str]] = None) -> Element:
+        """`aggregated`, for a fetch: see split_variables.replacement."""
         if element.graph is self.copy:
             return element
-        return self._element(element.name)
+        return self._element(element.name, aggregated)
 
-    def _element(self, name: str) -> Element:
+    def _element(self, name: str, aggregated: Optional[Dict[str, str]] = None) -> Element:
         """The copy's op or tensor of this name: what stands for it where a variable was
         split (split_variables.replacement; an op built later is imported, and so rewritten,
         first)."""
         op_name, _, index = name.partition(":")
         op = self._op(op_name)
         element = op.outputs[int(index)] if index else op
-        stand_in = split_variables.replacement(self.copy, element.name)
+        stand_in = split_variables.replacement(self.copy, element.name, aggregated)
         return element if stand_in is None else stand_in
 
     def _op(self, name: str) -> tf.Operation:

@@ -193,10 +193,11 @@ class ParallaxRunner(SessionInterface):
         if isinstance(element, tf.Variable):  # its value, as Session.run reads it
             element = element.graph.as_graph_element(element)
         if isinstance(element, tf.IndexedSlices):
-            return tf.IndexedSlices(*(self._aggregate(self._graphs.find(part)) for part in (
-                element.values, element.indices, element.dense_shape) if part is not None))
+            return tf.IndexedSlices(*(self._aggregate(self._graphs.find(part, self._aggregated))
+                                      for part in (element.values, element.indices,
+                                                   element.dense_shape) if part is not None))
         if isinstance(element, (tf.Tensor, tf.Operation)):
-            element = self._graphs.find(element)
+            element = self._graphs.find(element, self._aggregated)
         if isinstance(element, tf.Tensor):
             return self._aggregate(element)
         if isinstance(element, tf.Operation):

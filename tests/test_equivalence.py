@@ -22,7 +22,9 @@ JOBS = {
     "PS-no-optimizations": ("sparse", TWO_MACHINES, [
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
         "boundary_between_workers_and_servers"]),
-    "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
+    # The embedding's gradient fetched with the train op, as a script inspects it: the
+    # aggregate, whole (and stitched from its shards in the split jobs below).
+    "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--fetch-gradients"]),
     "PS-lstm": ("lstm", TWO_MACHINES, ["--run-option", "PS"]),
     "HYBRID-lstm": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "AR-lstm": ("lstm", "localhost:0,1", ["--run-option", "AR"]),
@@ -48,9 +50,10 @@ JOBS = {
     # (Config.split_variables, passes/split_variables.py); its checkpoints load into the
     # single-device graph.
     "HYBRID-split": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--split-variables",
-                                              "--checkpoint"]),
+                                              "--checkpoint", "--fetch-gradients"]),
     "HYBRID-keras-embedding-split": ("keras-embedding", TWO_MACHINES, [
-        "--run-option", "HYBRID", "--split-variables", "--ps-off", "local_aggregation"]),
+        "--run-option", "HYBRID", "--split-variables", "--ps-off", "local_aggregation",
+        "--fetch-gradients"]),
 }
 
 
@@ -67,14 +70,15 @@ def job(request, tmp_path_factory):
                      "--resources", resources, "--out", str(out), *extra, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (out / "output.txt").write_text(result.stdout)
-    return model, _workers(resources), out
+    return model, _workers(resources), out, "--fetch-gradients" in extra
 
 
 @pytest.mark.parametrize("config", equivalence.CONFIGS)
 def test_workers_equal_single_device(job, config):
-    model, workers, out = job
+    model, workers, out, fetch_gradients = job
     expected, expected_steps = equivalence.train_single_device(
-        model, config, workers * equivalence.BATCH_PER_WORKER)
+        model, config, workers * equivalence.BATCH_PER_WORKER, fetch_gradients=fetch_gradients)
+    assert any(n.startswith("gradient_sum/") for n in expected) == fetch_gradients
     assert expected_steps == list(range(1, equivalence.STEPS + 1))
     assert any(name.endswith("ExponentialMovingAverage") for name in expected)
     for worker in range(workers):
@@ -96,7 +100,7 @@ def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
     distinct, is allgathered: its server would send them in the pulls and receive them again
     in the pushes. A reference variable, tags cannot be split, and the plan says so. (Each
     trains as on one device: test_workers_equal_single_device.)"""
-    _, _, out = job
+    _, _, out, _ = job
     plan = (out / "output.txt").read_text().splitlines()
     assert "parameter server" in next(line for line in plan if "] embedding " in line), plan
     assert "allgather" in next(line for line in plan if "] tags " in line), plan
@@ -108,7 +112,7 @@ def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
 def test_an_embedding_is_split_over_both_servers(job):
     """Each worker stores the embedding in two row shards, one on each server. (They train
     as one device with the whole embedding: test_workers_equal_single_device.)"""
-    _, _, out = job
+    _, _, out, _ = job
     output = (out / "output.txt").read_text()
     assert "split over servers: embedding" in output, output[-3000:]
     plan = [line for line in output.splitlines() if "] embedding" in line]
@@ -119,7 +123,7 @@ def test_an_embedding_is_split_over_both_servers(job):
 @pytest.mark.parametrize("job", ["HYBRID-split"], indirect=True)
 @pytest.mark.parametrize("config", equivalence.CONFIGS)
 def test_checkpoints_of_a_split_embedding_load_into_the_single_device_graph(job, config):
-    _, workers, out = job
+    _, workers, out, _ = job
     expected, _ = equivalence.train_single_device(
         "sparse", config, workers * equivalence.BATCH_PER_WORKER)
     graph, _, _ = equivalence.build("sparse", config, equivalence.BATCH_PER_WORKER, shard=False)

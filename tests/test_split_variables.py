@@ -73,15 +73,16 @@ class _Runner(SessionInterface):
     def graph(self):
         return self.graphs.user
 
-    def find(self, element):
+    def find(self, element, aggregated=None):
         if isinstance(element, str):
             element = self.graphs.user.as_graph_element(element)
         if isinstance(element, tf.Variable):
             element = element.graph.as_graph_element(element)
-        return self.graphs.find(element)
+        return self.graphs.find(element, aggregated)
 
     def run(self, fetches, feed_dict=None):
-        return self.session.run(tf.nest.map_structure(self.find, fetches),
+        # A fetch, on one device: no gradient has an aggregate.
+        return self.session.run(tf.nest.map_structure(lambda e: self.find(e, {}), fetches),
                                 {self.find(k): v for k, v in (feed_dict or {}).items()})
 
     def variables(self):
@@ -159,20 +160,26 @@ def test_a_saver_built_after_the_split_saves_the_table_whole(tmp_path):
     assert not [name for name in saved if "part_" in name]
 
 
-def test_a_gradient_of_a_split_table_is_fetched_dense_or_refused():
+def test_a_gradient_of_a_split_table_is_fetched_as_the_whole_tables_but_not_fed():
     graph = tf.Graph()
     with graph.as_default():
         table = tf.compat.v1.get_variable("table", [VOCAB, 4])
-        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [1, 1, 7]))
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [1, 4, 1, 7]))
         ((grad, _),) = tf.compat.v1.train.GradientDescentOptimizer(0.1).compute_gradients(loss)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients([(grad, table)])
         dense = tf.convert_to_tensor(grad)
     runner = _Runner(graph, _split(graph, 2))
     expected = np.zeros([VOCAB, 4])
-    expected[1], expected[7] = 2, 1
+    expected[1], expected[4], expected[7] = 2, 1, 1
     np.testing.assert_allclose(runner.run(dense), expected)
-    with pytest.raises(ParallaxError, match="is computed per shard of 'table'"):
-        runner.run(grad.values)
+    # Its rows and ids, stitched from both shards (ids 4 | 1, 1, 7): the same sparse tensor.
+    values, indices = runner.run([grad.values, grad.indices])
+    assert sorted(indices.tolist()) == [1, 1, 4, 7]
+    fetched = np.zeros([VOCAB, 4])
+    np.add.at(fetched, indices, values)
+    np.testing.assert_allclose(fetched, expected)
+    with pytest.raises(ParallaxError, match="can be fetched, but not fed"):
+        runner.run(dense, {grad.values: np.zeros([4, 4])})
 
 
 def _refused(build):

@@ -115,14 +115,17 @@ def rewrite_uses(graph: tf.Graph) -> None:
             _apply(graph, state, steps)
 
 
-def replacement(graph: tf.Graph, name: str):
+def replacement(graph: tf.Graph, name: str, aggregated: Optional[Dict[str, str]] = None):
     """What stands for the replaced tensor or op `name` of `graph`, or None if it was not
-    replaced: a tensor computed per shard is stitched whole, an op groups its clones."""
+    replaced: a tensor computed per shard is stitched whole, an op groups its clones.
+    `aggregated` (rewire.read_aggregated), for a fetch: a gradient's rows or ids are stitched
+    from each shard's aggregate, as the whole gradient's fetch gives its aggregate."""
     state = _STATES.get(graph)
     if state is None:
         return None
-    if name in state.whole:
-        return graph.as_graph_element(state.whole[name])
+    cached = name if aggregated is None else f"{name} aggregated"
+    if cached in state.whole:
+        return graph.as_graph_element(state.whole[cached])
     with graph.as_default(), tf.name_scope("parallax_split"):
         if name in state.op_parts:
             group = tf.group(*[graph.get_operation_by_name(n) for n in state.op_parts[name]])
@@ -131,18 +134,33 @@ def replacement(graph: tf.Graph, name: str):
         elif name in state.parts:
             kind, parts = state.parts[name]
             family = state.families[kind[1]]
-            if kind[0] != "aligned":
+            if kind[0] == "aligned":
+                group = _stitch(family, [graph.get_tensor_by_name(p) for p in parts])
+            elif kind[0] in ("rows", "ids") and aggregated is not None:
+                group = _stitch_gradient(graph, family, kind[0], parts, aggregated)
+            else:
                 raise ParallaxError(
                     f"{name!r} is computed per shard of {family.variable!r}, which Parallax "
                     f"split in {family.shards} row shards over the servers (a gradient's rows "
-                    "or their ids): it cannot be fetched, nor used by ops built after "
-                    "get_runner. Convert the gradient to a dense tensor before get_runner "
-                    "(tf.convert_to_tensor), or fetch the variable")
-            group = _stitch(family, [graph.get_tensor_by_name(p) for p in parts])
+                    "or their ids): it can be fetched, but not fed nor used by ops built "
+                    "after get_runner. Build such ops before get_runner, or convert the "
+                    "gradient to a dense tensor (tf.convert_to_tensor)")
         else:
             return None
-    state.whole[name] = group.name
+    state.whole[cached] = group.name
     return group
+
+
+def _stitch_gradient(graph, family: Family, kind: str, parts: List[str],
+                     aggregated: Dict[str, str]) -> tf.Tensor:
+    """A sparse gradient's rows (or ids) from its shards' parts, each its aggregate where it
+    has one, in shard order: shard j's local id i is row i * k + j of the whole variable."""
+    tensors = [graph.get_tensor_by_name(aggregated.get(p, p)) for p in parts]
+    with tf.device(graph.get_tensor_by_name(parts[0]).op.device):  # the worker's
+        if kind == "ids":
+            tensors = [t * tf.cast(family.shards, t.dtype) + tf.cast(j, t.dtype)
+                       for j, t in enumerate(tensors)]
+        return tf.concat(tensors, axis=0, name=f"{family.variable}_{kind}")
 
 
 def split_families(graph: tf.Graph) -> List[Family]:

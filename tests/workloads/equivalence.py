@@ -6,6 +6,7 @@ shard and saves its variables and the global_step after every step. The tests im
 
     python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
         [--configs sgd adam+clip] [--sum] [--ps-off local_aggregation ...] [--checkpoint]
+        [--fetch-gradients]
 """
 import argparse
 import dataclasses
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 import parallax
 
+SPARSE_GRADIENTS = "equivalence_sparse_gradients"  # (variable name, IndexedSlices)
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9),
@@ -161,12 +163,13 @@ def build(model, config, batch, shard, loss_scale=1.0):
             name="loss")
         global_step = tf.compat.v1.train.get_or_create_global_step()
         optimizer = OPTIMIZERS[optimizer_name]()
+        grads, variables = zip(*optimizer.compute_gradients(loss))
+        for grad, variable in zip(grads, variables):
+            if isinstance(grad, tf.IndexedSlices):  # what a script may fetch, to inspect it
+                graph.add_to_collection(SPARSE_GRADIENTS, (variable.op.name, grad))
         if clip:
-            grads, variables = zip(*optimizer.compute_gradients(loss))
             grads, _ = tf.clip_by_global_norm(grads, 0.3)
-            train_op = optimizer.apply_gradients(zip(grads, variables), global_step=global_step)
-        else:
-            train_op = optimizer.minimize(loss, global_step=global_step)
+        train_op = optimizer.apply_gradients(zip(grads, variables), global_step=global_step)
         # Moving averages of the variables, updated once per step after the update. Not of a
         # reference variable: TensorFlow's initializer of such an average races with the
         # variable's (its initialized_value() reads the variable in a tf.cond), failing about
@@ -177,28 +180,37 @@ def build(model, config, batch, shard, loss_scale=1.0):
     return graph, train_op, global_step
 
 
-def _train(run, graph, train_op, global_step):
+def _train(run, graph, train_op, global_step, fetch_gradients=False):
+    """The variables after training, and the global step after each step. With
+    `fetch_gradients`, each sparse gradient is fetched with the train op (its rows and ids, an
+    IndexedSlices), and the sum over the steps of its dense value is returned as a variable
+    named 'gradient_sum/<variable>'."""
     steps = []
+    sparse = graph.get_collection(SPARSE_GRADIENTS) if fetch_gradients else []
+    sums = {}
     for _ in range(STEPS):
         # Nested fetches by object and by name, the loss on every worker.
-        result = run({"train": train_op, "loss": "loss:0"})
+        result = run({"train": train_op, "loss": "loss:0", "gradients": [g for _, g in sparse]})
         if not np.isfinite(result["loss"]):
             raise ValueError(f"loss is {result['loss']}")
+        for (name, _), value in zip(sparse, result["gradients"]):
+            dense = sums.setdefault(f"gradient_sum/{name}", np.zeros(value.dense_shape))
+            np.add.at(dense, value.indices, value.values)
         steps.append(run(global_step))
     with graph.as_default():
         names = [v.op.name for v in tf.compat.v1.global_variables()]
         values = run(tf.compat.v1.global_variables())
-    return dict(zip(names, values)), steps
+    return dict(zip(names, values), **sums), steps
 
 
-def train_single_device(model, config, batch, loss_scale=1.0):
+def train_single_device(model, config, batch, loss_scale=1.0, fetch_gradients=False):
     graph, train_op, global_step = build(model, config, batch, shard=False, loss_scale=loss_scale)
     with graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
     session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     with tf.compat.v1.Session(graph=graph, config=session_config) as session:
         session.run(init)
-        return _train(session.run, graph, train_op, global_step)
+        return _train(session.run, graph, train_op, global_step, fetch_gradients)
 
 
 def main():
@@ -222,6 +234,8 @@ def main():
                         help="Config(hierarchical_allreduce=True): machine stages wherever possible")
     parser.add_argument("--split-variables", action="store_true",
                         help="Config(split_variables=True): the embedding over every server")
+    parser.add_argument("--fetch-gradients", action="store_true",
+                        help="fetch the sparse gradients with the train op (see _train)")
     parser.add_argument("--checkpoint", action="store_true",
                         help="the chief's checkpoints (CheckpointConfig) in OUT/ckpt/CONFIG")
     args = parser.parse_args()
@@ -240,7 +254,7 @@ def main():
             config_of_job.ckpt_config = parallax.CheckpointConfig(
                 ckpt_dir=os.path.join(args.out, "ckpt", config))
         runner = parallax.get_runner(graph, args.resources, config_of_job)
-        values, steps = _train(runner.run, graph, train_op, global_step)
+        values, steps = _train(runner.run, graph, train_op, global_step, args.fetch_gradients)
         np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
                  global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
         runner.close()
