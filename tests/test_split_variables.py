@@ -168,10 +168,15 @@ def test_a_gradient_of_a_split_table_is_fetched_as_the_whole_tables_but_not_fed(
         ((grad, _),) = tf.compat.v1.train.GradientDescentOptimizer(0.1).compute_gradients(loss)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients([(grad, table)])
         dense = tf.convert_to_tensor(grad)
+        rows_norm = tf.nn.l2_loss(grad.values)  # computed per shard, summed
     runner = _Runner(graph, _split(graph, 2))
     expected = np.zeros([VOCAB, 4])
     expected[1], expected[4], expected[7] = 2, 1, 1
     np.testing.assert_allclose(runner.run(dense), expected)
+    np.testing.assert_allclose(runner.run(rows_norm), 4 * 4 / 2)  # 4 rows of four ones
+    # A fetch gets the same sum of the shards' norms as an op built later would read (the
+    # replaced op computes the worker's own gradient, not the aggregate, on several workers).
+    assert runner.find(rows_norm, {}) is runner.find(rows_norm) is not rows_norm
     # Its rows and ids, stitched from both shards (ids 4 | 1, 1, 7): the same sparse tensor.
     values, indices = runner.run([grad.values, grad.indices])
     assert sorted(indices.tolist()) == [1, 1, 4, 7]

@@ -123,9 +123,12 @@ def replacement(graph: tf.Graph, name: str, aggregated: Optional[Dict[str, str]]
     state = _STATES.get(graph)
     if state is None:
         return None
-    cached = name if aggregated is None else f"{name} aggregated"
-    if cached in state.whole:
-        return graph.as_graph_element(state.whole[cached])
+    # A gradient's rows stitched from the aggregates are kept apart from every other stand-in.
+    aggregated_key = f"{name} aggregated"
+    for key in ([aggregated_key] if aggregated is not None else []) + [name]:
+        if key in state.whole:
+            return graph.as_graph_element(state.whole[key])
+    cached = name
     with graph.as_default(), tf.name_scope("parallax_split"):
         if name in state.op_parts:
             group = tf.group(*[graph.get_operation_by_name(n) for n in state.op_parts[name]])
@@ -138,6 +141,7 @@ def replacement(graph: tf.Graph, name: str, aggregated: Optional[Dict[str, str]]
                 group = _stitch(family, [graph.get_tensor_by_name(p) for p in parts])
             elif kind[0] in ("rows", "ids") and aggregated is not None:
                 group = _stitch_gradient(graph, family, kind[0], parts, aggregated)
+                cached = aggregated_key
             else:
                 raise ParallaxError(
                     f"{name!r} is computed per shard of {family.variable!r}, which Parallax "
