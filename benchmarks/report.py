@@ -30,9 +30,11 @@ SYSTEM_LABELS = {
     "ablation+local-aggregation": "+local aggregation",
     "ablation+post-aggregation-placement": "+post-aggregation placement",
     "ablation+boundary": "+boundary placement",
+    "ablation+deferred-server-work": "+deferred server work",
 }
 ABLATION_ORDER = ["ablation-ps-base", "ablation+hybrid", "ablation+local-aggregation",
-                  "ablation+post-aggregation-placement", "ablation+boundary", "parallax-hybrid"]
+                  "ablation+post-aggregation-placement", "ablation+boundary",
+                  "ablation+deferred-server-work", "parallax-hybrid"]
 BASELINES = ["horovod", "horovod-sparse-as-dense", "tf-ps"]
 
 

@@ -35,7 +35,7 @@ import report  # noqa: E402
 CLUSTER_SCRIPT = os.path.join(REPO, "scripts", "emulated_cluster.sh")
 SUBNET = "10.213.0"
 PS_OFF_ALL = ["local_aggregation", "post_aggregation_placement",
-              "boundary_between_workers_and_servers"]
+              "boundary_between_workers_and_servers", "defer_gradient_free_server_work"]
 
 
 @dataclasses.dataclass
@@ -134,7 +134,8 @@ ABLATION = {
     "ablation+local-aggregation": _parallax("HYBRID", PS_OFF_ALL[1:], flat_allreduce=True),
     "ablation+post-aggregation-placement": _parallax("HYBRID", PS_OFF_ALL[2:],
                                                      flat_allreduce=True),
-    "ablation+boundary": _parallax("HYBRID", flat_allreduce=True),
+    "ablation+boundary": _parallax("HYBRID", PS_OFF_ALL[3:], flat_allreduce=True),
+    "ablation+deferred-server-work": _parallax("HYBRID", flat_allreduce=True),
 }
 ABLATION_WORKLOADS = ("lm", "nmt")
 STRAGGLER_MS = 300  # the last worker's extra time in each of its steps

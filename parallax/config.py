@@ -22,11 +22,16 @@ class PSConfig:
         back.
     boundary_between_workers_and_servers: move light ops (slice, gather, cast, reshape...) at
         the edge between a server and a worker to the side where fewer bytes cross machines.
+    defer_gradient_free_server_work: an update's work on a server that does not need the
+        step's gradient (Adam's decay of its slots over the whole table) waits for the
+        gradient's aggregate, running while the workers communicate instead of while they
+        compute on the cores the server shares (passes/defer_server_work.py).
     """
 
     local_aggregation: bool = True
     post_aggregation_placement: bool = True
     boundary_between_workers_and_servers: bool = True
+    defer_gradient_free_server_work: bool = True
 
 
 @dataclasses.dataclass

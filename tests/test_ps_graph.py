@@ -261,3 +261,29 @@ def test_lookups_into_server_variables_ask_for_unique_rows(boundary):
         consumers = [c for op in gathers for c in op.outputs[0].consumers()]
         assert {c.device for c in consumers} == {"/job:worker/task:2"}
         assert "GatherV2" in {c.type for c in consumers}
+
+
+@pytest.mark.parametrize("deferred", [True, False])
+def test_adams_slot_decays_on_a_server_wait_for_the_aggregated_gradient(deferred):
+    """Adam's sparse update reads its slots to decay them over the whole table, which needs no
+    gradient: in the chief's graph those reads wait for the embedding's aggregate on its server
+    (so the decay runs while the workers communicate, not while they compute); the forward
+    pass's lookup does not wait, nor does any other worker's graph."""
+    graph, plan = _transformed(0, "adam+clip", run_option="HYBRID",
+                               defer_gradient_free_server_work=deferred)
+    slot_reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"
+                  and op.inputs[0].op.name in ("embedding/Adam", "embedding/Adam_1")
+                  and op.name.startswith("Adam/update_embedding/")]
+    assert slot_reads and all(op.device.startswith("/job:ps") for op in slot_reads)
+    waits = [op for op in slot_reads if any(
+        c.name.startswith("parallax_deferred/") for c in op.control_inputs)]
+    # The decays' reads of both slots (m *= beta1, v *= beta2); the others follow the gradient.
+    assert sorted(op.inputs[0].op.name for op in waits) == (
+        ["embedding/Adam", "embedding/Adam_1"] if deferred else [])
+    for op in waits:
+        assert any(u.type == "QueueDequeueV2" for u in parallax.analysis.upstream_ops([op]))
+    lookups = [op for op in graph.get_operations() if op.type == "ResourceGather"]
+    assert lookups and not any(o.name.startswith("parallax_deferred/")
+                               for o in parallax.analysis.upstream_ops(lookups))
+    other, _ = _transformed(1, "adam+clip", run_option="HYBRID")
+    assert not [op for op in other.get_operations() if op.name.startswith("parallax_deferred/")]

@@ -11,6 +11,7 @@ from parallax.passes.allreduce import (allreduce_gradients, average_worker_state
 from parallax.passes.batch_norm import synchronize_batch_statistics
 from parallax.passes.boundary import place_boundary_ops
 from parallax.passes.dense_shapes import free_constant_dense_shapes
+from parallax.passes.defer_server_work import defer_gradient_free_server_work
 from parallax.passes.loop_reads import copy_loop_reads_to_worker
 from parallax.passes.placement import place_post_aggregation_ops
 from parallax.passes.ps import (aggregate_on_servers, mark_servers_ready,
@@ -25,7 +26,8 @@ _REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, average_w
              broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
        copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
-       gather_unique_rows, synchronize_steps, separate_runner_state)
+       gather_unique_rows, defer_gradient_free_server_work, synchronize_steps,
+       separate_runner_state)
 # Config(sync=False): each worker applies its own gradients to the servers' variables, as they
 # arrive; no aggregation, no steps to synchronize.
 _PS_ASYNC = (place_variables_on_servers, mark_servers_ready, pin_to_worker,
