@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -111,8 +111,8 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     writes = _training_writes(graph)
     gradient_tensors = [graph.get_tensor_by_name(name)
                         for r in records for name in r.tensor_names()]
-    after_gradients = _downstream_ops(graph, gradient_tensors)
-    _check_gradients_are_applied(graph, records, writes, after_gradients)
+    after_gradients = {op.name for op in downstream_ops(t.op for t in gradient_tensors)}
+    _check_gradients_are_applied(graph, records, writes)
     variables = collections.OrderedDict()
     for name, grads in by_variable.items():
         op = graph.get_operation_by_name(name)
@@ -248,13 +248,13 @@ def _data_downstream(ops, stop: set) -> set:
     return seen
 
 
-def _check_gradients_are_applied(graph, records, writes, after_gradients) -> None:
+def _check_gradients_are_applied(graph, records, writes) -> None:
     """A gradient that reaches no write is computed for monitoring only: aggregating it would
     put a collective into every fetch of it, possibly on one worker alone."""
-    written = {w for ops in writes.values() for w in ops}
+    written = {graph.get_operation_by_name(w) for ops in writes.values() for w in ops}
     for record in records:
-        tensors = [graph.get_tensor_by_name(n) for n in record.tensor_names()]
-        if not _downstream_ops(graph, tensors, until=written) & written:
+        gradient_ops = [graph.get_tensor_by_name(n).op for n in record.tensor_names()]
+        if not downstream_ops(gradient_ops, until=written) & written:
             raise ParallaxError(
                 f"the gradient {record.tensor_names()[0]!r} of variable {record.variable!r} "
                 "is computed but never applied to any variable: Parallax aggregates gradients "
@@ -349,22 +349,26 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
     return op.name if op.type in VARIABLE_OP_TYPES else None
 
 
-def _downstream_ops(graph: tf.Graph, tensors: Iterable[tf.Tensor], until=frozenset()) -> set:
-    """Names of ops reachable from `tensors` through data and control edges: what a training
-    step runs because of the gradients (updates, and what is ordered after them). With
-    `until`, the walk stops at the first op of those names that it reaches."""
-    seen = set()
-    frontier = [t.op for t in tensors]
-    while frontier:
-        op = frontier.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.name in until:
-            return seen
-        frontier.extend(c for out in op.outputs for c in out.consumers())
-        frontier.extend(op._control_outputs)  # pylint: disable=protected-access
-    return seen
+def downstream_ops(ops, inside=None, until=frozenset()) -> set:
+    """Every op that waits for one of `ops`, by data or control: the twin of upstream_ops (an op
+    of `ops` is in it only where it waits for another). With `inside`, the walk stays inside
+    those ops; with `until`, it stops at the first op of those that it reaches."""
+    after, stack = set(), list(ops)
+    while stack:
+        for consumer in consumers(stack.pop()):
+            if consumer in after or (inside is not None and consumer not in inside):
+                continue
+            after.add(consumer)
+            if consumer in until:
+                return after
+            stack.append(consumer)
+    return after
+
+
+def consumers(op: tf.Operation) -> List[tf.Operation]:
+    """The ops that wait for `op`, by data or control."""
+    return [c for t in op.outputs for c in t.consumers()] + list(
+        op._control_outputs)  # pylint: disable=protected-access
 
 
 def _variables_read(graph: tf.Graph, op_names: List[str], stop: set) -> set:

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.analysis import analyze
+from parallax.analysis import analyze, downstream_ops, upstream_ops
 
 
 def _build(optimizer, with_ema=False):
@@ -81,6 +81,23 @@ def _build_loss_and(optimizer):
     embedding = tf.compat.v1.get_variable("embedding", [4, 2])
     w = tf.compat.v1.get_variable("w", [2, 1])
     optimizer.minimize(tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(embedding, ids), w)))
+
+
+def test_downstream_ops_follow_data_and_control_edges_inside_and_until():
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.constant(1.0, name="a")
+        b = tf.identity(a, name="b")
+        c = tf.square(b, name="c")
+        with tf.control_dependencies([b]):
+            d = tf.no_op(name="d")
+        e = tf.add(c, 1.0, name="e")
+    ops = {op.name: op for op in graph.get_operations()}
+    after_a = downstream_ops([a.op])
+    assert {op.name for op in after_a} >= {"b", "c", "d", "e"} and a.op not in after_a
+    assert downstream_ops([b.op], inside={c.op, d}) == {c.op, d}
+    assert e.op not in downstream_ops([b.op], until={c.op})
+    assert ops["a"] in upstream_ops([e.op]) and d not in upstream_ops([e.op])
 
 
 def test_graph_without_gradients_is_refused_with_advice():

@@ -14,7 +14,7 @@ from typing import Dict, List, Set
 
 import tensorflow as tf
 
-from parallax.analysis import upstream_ops
+from parallax.analysis import consumers, downstream_ops, upstream_ops
 from parallax.passes.rewire import read_aggregated
 from parallax.plan import Plan, Sync
 
@@ -29,7 +29,7 @@ def defer_gradient_free_server_work(graph: tf.Graph, plan: Plan) -> tf.Graph:
     if not aggregates or not writes:
         return graph
     update = upstream_ops(writes) | writes
-    after = _downstream(aggregates)
+    after = downstream_ops(aggregates)
     only_for_updates = _used_only_by(update - upstream_ops(aggregates) - set(aggregates) - after,
                                      after, writes)
     needs = _Upstream()
@@ -38,8 +38,8 @@ def defer_gradient_free_server_work(graph: tf.Graph, plan: Plan) -> tf.Graph:
             if read.type != "ReadVariableOp" or not read.device.startswith("/job:ps"):
                 continue
             # What everything the read leads to waits for anyway; its own variable's first.
-            boundary = [c for op in _within(read, only_for_updates) for c in _consumers(op)
-                        if c in after]
+            leads_to = {read} | downstream_ops([read], inside=only_for_updates)
+            boundary = [c for op in leads_to for c in consumers(op) if c in after]
             common = [g for g in aggregates if g.device == read.device
                       and all(g in needs(b) for b in boundary)]
             own = [g for g in gates.get(_owner(read.inputs[0].op), []) if g in common]
@@ -75,16 +75,6 @@ def _aggregates_by_variable(graph, plan: Plan) -> Dict[str, List[tf.Operation]]:
     return {name: ops for name, ops in gates.items() if ops}
 
 
-def _downstream(ops) -> Set[tf.Operation]:
-    after, stack = set(), list(ops)
-    while stack:
-        for consumer in _consumers(stack.pop()):
-            if consumer not in after:
-                after.add(consumer)
-                stack.append(consumer)
-    return after
-
-
 def _used_only_by(candidates: Set[tf.Operation], after: Set[tf.Operation],
                   writes: Set[tf.Operation]) -> Set[tf.Operation]:
     """The candidates whose every consumer, by data or control, is another such candidate,
@@ -95,34 +85,18 @@ def _used_only_by(candidates: Set[tf.Operation], after: Set[tf.Operation],
         changed = False
         for op in list(kept):
             if any(c not in kept and c not in after and not _read_after(c, writes)
-                   for c in _consumers(op)):
+                   for c in consumers(op)):
                 kept.discard(op)
                 changed = True
     return kept
 
 
 def _read_after(op, writes: Set[tf.Operation]) -> bool:
-    return (op.type == "ReadVariableOp" and not _consumers(op)
+    return (op.type == "ReadVariableOp" and not consumers(op)
             and any(c in writes for c in op.control_inputs))
-
-
-def _within(op, ops: Set[tf.Operation]) -> Set[tf.Operation]:
-    """`op` and what follows it inside `ops`."""
-    found, stack = {op}, [op]
-    while stack:
-        for consumer in _consumers(stack.pop()):
-            if consumer in ops and consumer not in found:
-                found.add(consumer)
-                stack.append(consumer)
-    return found
 
 
 def _owner(variable) -> str:
     """The variable `variable` is colocated with (an optimizer's slot's), or its own name."""
     groups = [g.decode()[len("loc:@"):] for g in variable.colocation_groups()]
     return next((g for g in groups if g != variable.name), variable.name)
-
-
-def _consumers(op) -> List[tf.Operation]:
-    return [c for t in op.outputs for c in t.consumers()] + list(
-        op._control_outputs)  # pylint: disable=protected-access
