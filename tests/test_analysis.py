@@ -92,12 +92,11 @@ def test_downstream_ops_follow_data_and_control_edges_inside_and_until():
         with tf.control_dependencies([b]):
             d = tf.no_op(name="d")
         e = tf.add(c, 1.0, name="e")
-    ops = {op.name: op for op in graph.get_operations()}
     after_a = downstream_ops([a.op])
     assert {op.name for op in after_a} >= {"b", "c", "d", "e"} and a.op not in after_a
     assert downstream_ops([b.op], inside={c.op, d}) == {c.op, d}
     assert e.op not in downstream_ops([b.op], until={c.op})
-    assert ops["a"] in upstream_ops([e.op]) and d not in upstream_ops([e.op])
+    assert a.op in upstream_ops([e.op]) and d not in upstream_ops([e.op])
 
 
 def test_graph_without_gradients_is_refused_with_advice():
