@@ -7,8 +7,11 @@ one op of the phase was running, phases overlapping as the runtime overlaps them
 
 - input: reading this worker's batch (iterators, queue dequeues of the input pipeline);
 - pull: values arriving at this worker from the servers (variables' rows, aggregates);
-- push: this worker's gradients sent to the servers' queues;
-- server: aggregation and updates on the parameter servers;
+- push: gradients on their way to the servers: this worker's sent into the servers' queues,
+  and the servers receiving the workers' and waiting on their queues for all of them (a
+  server's receive lasts from its request until the tensor has arrived, so it also covers
+  the sender's compute of it);
+- server: the servers' own work, aggregation and updates;
 - allreduce: Horovod's collectives (waiting for the slowest worker included);
 - wait_for_chief: a worker other than the chief waiting for the step's token;
 - compute: every other op of this worker.
@@ -77,7 +80,7 @@ def phase_seconds(step_stats, graph: tf.Graph) -> Dict[str, float]:
             if phase is not None:
                 start = node.all_start_micros
                 spans[phase].append((start, start + max(node.all_end_rel_micros, 1)))
-    return {phase: _covered(intervals) / 1e6 for phase, intervals in spans.items()}
+    return {phase: covered(intervals) / 1e6 for phase, intervals in spans.items()}
 
 
 def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:
@@ -96,6 +99,10 @@ def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:
             "QueueEnqueue"):
         return "push"  # into a queue on a server (or this machine's, with local aggregation)
     if "/job:ps/" in device:
+        if node.node_name == "RecvTensor" or (
+                op is not None and op.name.startswith("parallax_ps/")
+                and op.type.startswith("QueueDequeue")):
+            return "push"
         return "server"
     if op is None:  # a worker receives from the servers only (its session's device filters)
         return "pull" if node.node_name == "RecvTensor" else "compute"
@@ -104,7 +111,7 @@ def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:
     return "compute"
 
 
-def _covered(intervals: List[Tuple[int, int]]) -> int:
+def covered(intervals: List[Tuple[int, int]]) -> int:
     """Microseconds covered by the union of the intervals."""
     total, end = 0, None
     for start, stop in sorted(intervals):

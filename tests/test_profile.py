@@ -1,0 +1,46 @@
+"""The phases of a traced run, from hand-made step stats of a worker and a server."""
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import step_stats_pb2
+
+from parallax.profile import phase_seconds
+
+WORKER, SERVER = "/job:worker/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:0"
+
+
+def _graph() -> tf.Graph:
+    graph = tf.Graph()
+    with graph.as_default():
+        queue = tf.queue.FIFOQueue(4, tf.float32, shapes=[[]], name="parallax_ps/grad_w_0")
+        queue.enqueue(1.0, name="parallax_ps/grad_w_0_Enqueue")
+        taken = queue.dequeue(name="parallax_ps/grad_w_0_Dequeue")
+        tf.add(taken, 1.0, name="update_w")
+        tf.multiply(2.0, 3.0, name="forward")
+    return graph
+
+
+def _ran(stats: step_stats_pb2.DeviceStepStats, name: str, start_ms: int, end_ms: int):
+    node = stats.node_stats.add()
+    node.node_name = name
+    node.all_start_micros = 1000 * start_ms
+    node.all_end_rel_micros = 1000 * (end_ms - start_ms)
+
+
+def test_a_server_receiving_and_waiting_for_pushes_is_push_time_not_server_work():
+    """A server's RecvTensor lasts from its request until the worker's gradient has arrived,
+    and its dequeue waits for every worker's: both are the pushes. Only the servers' own ops
+    (aggregation, the update) are their work."""
+    step_stats = step_stats_pb2.StepStats()
+    worker, server = step_stats.dev_stats.add(), step_stats.dev_stats.add()
+    worker.device, server.device = WORKER, SERVER
+    _ran(worker, "forward", 0, 50)
+    _ran(worker, "RecvTensor", 50, 60)  # rows pulled from a server
+    _ran(server, "RecvTensor", 20, 70)  # a worker's gradient, asked for early
+    _ran(server, "parallax_ps/grad_w_0_Enqueue", 70, 72)
+    _ran(server, "parallax_ps/grad_w_0_Dequeue", 60, 75)
+    _ran(server, "update_w", 75, 80)
+    phases = phase_seconds(step_stats, _graph())
+    assert phases["compute"] == pytest.approx(0.050)
+    assert phases["pull"] == pytest.approx(0.010)
+    assert phases["push"] == pytest.approx(0.055)  # 20 to 75 ms
+    assert phases["server"] == pytest.approx(0.005)
