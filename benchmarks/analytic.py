@@ -88,11 +88,26 @@ def waits_seconds(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int
                   loop_copies: bool = False, **_) -> float:
     """cost.waits for the job: the seconds of its step's communication that are not bytes
     (messages' latency at the cost model's assumed figure, machine stages' Horovod cycles)."""
-    placed = dict(_in_cost_terms(variable, sync, loop_copies) for variable in variables)
-    choice = {stats.name: method for stats, method in placed.items()}
-    return cost.waits(choice, {stats.name: stats for stats in placed},
-                      cost.Cluster(hosts, workers_per_host), cost.Links(),
+    choice, stats = _plan(variables, sync, loop_copies)
+    return cost.waits(choice, stats, cost.Cluster(hosts, workers_per_host), cost.Links(),
                       hierarchical_allreduce)
+
+
+def server_updates(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],
+                   hosts: int, workers_per_host: int, loop_copies: bool = False,
+                   **_) -> Tuple[float, List[float]]:
+    """cost.server_updates for the job: the share of a worker's compute its servers' updates
+    take off it, and per host its server's share (the single worker's traced `update`)."""
+    choice, stats = _plan(variables, sync, loop_copies)
+    return cost.server_updates(choice, stats, cost.Cluster(hosts, workers_per_host))
+
+
+def _plan(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], loop_copies: bool
+          ) -> Tuple[Dict[str, cost.Method], Dict[str, cost.VariableStats]]:
+    """The job's variables as the cost model's plan: (methods, statistics) by name."""
+    placed = [_in_cost_terms(variable, sync, loop_copies) for variable in variables]
+    return ({stats.name: method for stats, method in placed},
+            {stats.name: stats for stats, _ in placed})
 
 
 def _in_cost_terms(variable: dict, sync: Dict[str, Tuple[str, Optional[int]]],
@@ -104,7 +119,7 @@ def _in_cost_terms(variable: dict, sync: Dict[str, Tuple[str, Optional[int]]],
         variable["name"], variable["bytes"], rows=variable["rows"] if sparse else None,
         row_bytes=variable.get("row_bytes", 0), index_bytes=variable.get("index_bytes", 8),
         unique=tuple(variable.get("unique_rows") or ()),
-        reads=1 if loop_copies else variable.get("reads", 1))
+        reads=1 if loop_copies else variable.get("reads", 1), update=variable.get("update", 0.0))
     return stats, cost.Method(how, (server,) if how == PS else ())
 
 

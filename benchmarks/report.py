@@ -160,17 +160,23 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict, sum
     """The step as the cost model predicts it (parallax/cost.py step_time): the pulls, the
     busiest link direction of the first phase at the link rate; the compute and the second
     phase's busiest link direction, whose dense gradients pushed to servers leave as each is
-    ready (analytic.pushes); and the waits of the messages and machine stages. The compute is
-    one worker's, its CPU time shared by all the workers (every emulated host is on this
-    machine's cores; cost.shared_compute); the bytes are Table 3's on the wire (`job`: the
-    arguments of analytic.host_phase_bytes and analytic.pushes)."""
+    ready (analytic.pushes), less the updates of the servers' variables, which the busiest
+    server does after the pushes; and the waits of the messages and machine stages. The
+    compute is one worker's, its CPU time shared by all the workers (every emulated host is on
+    this machine's cores; cost.shared_compute); the bytes are Table 3's on the wire (`job`:
+    the arguments of analytic.host_phase_bytes and analytic.pushes)."""
     single_ms = _per_step_ms(single_chief)
     # Records from before the meter took CPU time: one core a worker.
     cpu_ms = (_per_step_ms(single_chief, "window_cpu_seconds")
               if single_chief.get("window_cpu_seconds") else single_ms)
+    cores = summary.get("cores", os.cpu_count() or 1)
     compute = analytic.cost.shared_compute(
-        single_ms, cpu_ms, summary["hosts"] * summary["workers_per_host"],
-        summary.get("cores", os.cpu_count() or 1)) / 1000
+        single_ms, cpu_ms, summary["hosts"] * summary["workers_per_host"], cores) / 1000
+    # The servers too share this machine's cores: the busiest one's updates at a worker's
+    # speed alone, unless all of them need more CPU than the cores give in that time.
+    off, held = analytic.server_updates(**job)
+    server_seconds = analytic.cost.shared_compute(
+        max(held, default=0.0) * single_ms, sum(held) * cpu_ms, 1, cores) / 1000
     rate = rate_bytes_per_second(summary["rate"])
     pulls, second = ([[link["tx"], link["rx"]] for link in phase] for phase in analytic_phases)
     host, direction = analytic.cost.busiest_link(second)
@@ -178,7 +184,8 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict, sum
     framed = second[host][direction] / max(sum(nbytes for _, nbytes in payload), 1e-9)
     return 1000 * (analytic.cost.busiest_bytes([pulls]) / rate
                    + analytic.cost.compute_and_pushes(
-                       compute, [(ready, nbytes * framed / rate) for ready, nbytes in payload])
+                       compute, [(ready, nbytes * framed / rate) for ready, nbytes in payload],
+                       off, server_seconds)
                    + analytic.waits_seconds(**job))
 
 

@@ -14,8 +14,10 @@ import meter
 from workloads import WORKLOADS, session_config
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from parallax.analysis import upstream_ops  # noqa: E402
-from parallax.capture import read_records  # noqa: E402  (importing parallax records gradients)
+# Importing parallax makes autodiff record the gradients.
+from parallax.analysis import (analyze, gradient_sources,  # noqa: E402
+                               update_ops_by_variable)
+from parallax.profile import step_shares  # noqa: E402
 
 
 def main():
@@ -27,57 +29,41 @@ def main():
     loss = workload.build_loss(workload.input_batch(lambda dataset: dataset))
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train_op = workload.minimize(loss, workload.make_optimizer(), global_step)
-    trained = {record.variable: record.tensor_names()  # the train op's, before any other
-               for record in read_records(tf.compat.v1.get_default_graph())}
+    graph = tf.compat.v1.get_default_graph()
+    analysis = analyze(graph)  # the train op's gradients, before any other
+    sources, updates = gradient_sources(graph, analysis), update_ops_by_variable(graph, analysis)
     variables = tf.compat.v1.trainable_variables()
     gradients = tf.compat.v1.gradients(loss, variables)
     with tf.compat.v1.Session(config=session_config()) as session:
         session.run(tf.compat.v1.global_variables_initializer())
         sizes = _sizes(session, variables, gradients, workload.loop_steps)
-        ready = _ready(session, train_op, trained)
+        ready, update = _traced_shares(session, train_op, sources, updates)
         for size in sizes:
             size["ready"] = ready.get(size["name"], 1.0)
+            size["update"] = update.get(size["name"], 0.0)
         meter.measure(lambda: session.run(train_op), args.out, True, args.warmup, args.window,
                       args.windows, system="single", workers=1, **workload.details(1),
                       variables=sizes)
 
 
-def _ready(session, train_op, trained, warmup=3, traced=3):
-    """Per variable, the share of a step done when its gradient, as autodiff computed it, is
-    ready: the end of the last op it comes from (cost.VariableStats.ready), the median of
-    `traced` steps."""
+def _traced_shares(session, train_op, sources, updates, warmup=3, traced=3):
+    """Per variable, the share of a step done when its gradient is ready
+    (cost.VariableStats.ready) and its share of the step's updates (cost.VariableStats.update),
+    the medians of `traced` steps (profile.step_shares)."""
     for _ in range(warmup):
         session.run(train_op)
-    # The gradient's own op may be renamed or folded by Grappler: the ops it comes from were
-    # run for it.
-    sources = {}
-    for variable, names in trained.items():
-        ops = [session.graph.get_tensor_by_name(name).op for name in names]
-        sources[variable] = {op.name for op in {*ops, *upstream_ops(ops)}}
-    shares = {variable: [] for variable in trained}
+    ready = {variable: [] for variable in sources}
+    update = {variable: [] for variable in updates}
     for _ in range(traced):
-        spans = _traced_step(session, train_op)
-        begin = min(start for start, _ in spans.values())
-        length = max(end for _, end in spans.values()) - begin
-        for variable, names in sources.items():
-            ends = [spans[name][1] for name in names if name in spans]
-            shares[variable].append((max(ends) - begin) / length if ends else 1.0)
-    return {variable: float(np.median(values)) for variable, values in shares.items()}
-
-
-def _traced_step(session, train_op):
-    """{op name: (start, end)} in microseconds of a traced run of the train op."""
-    metadata = tf.compat.v1.RunMetadata()
-    session.run(train_op, options=tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
-    spans = {}
-    for device in metadata.step_stats.dev_stats:
-        for node in device.node_stats:
-            start = node.all_start_micros
-            first, last = spans.get(node.node_name, (start, start))
-            spans[node.node_name] = (min(first, start),
-                                     max(last, start + node.all_end_rel_micros))
-    return spans
+        metadata = tf.compat.v1.RunMetadata()
+        session.run(train_op, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        for shares, step in zip((ready, update),
+                                step_shares(metadata.step_stats, sources, updates)):
+            for variable, share in step.items():
+                shares[variable].append(share)
+    return tuple({variable: float(np.median(values)) for variable, values in shares.items()}
+                 for shares in (ready, update))
 
 
 def _sizes(session, variables, gradients, loop_steps, batches=4):

@@ -183,6 +183,39 @@ def _differentiated(graph: tf.Graph, records: List[GradientRecord], writes) -> L
     return list(dict.fromkeys(found))
 
 
+def gradient_sources(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str, Set[str]]:
+    """Per trained variable, the names of the ops its gradients come from, their own
+    included: Grappler may rename or fold a gradient's own op, and the ops it comes from ran
+    for it."""
+    sources = {}
+    for name, info in analysis.variables.items():
+        ops = {graph.get_tensor_by_name(tensor).op
+               for record in info.gradients for tensor in record.tensor_names()}
+        sources[name] = {op.name for op in ops | upstream_ops(ops)}
+    return sources
+
+
+def update_ops_by_variable(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str, Set[str]]:
+    """Per trained variable, the names of the ops of its update: those its writes and its
+    slots' wait for after its gradient, except those another variable's writes also wait for
+    (the global norm of a clipping is every variable's update, and none's alone). A state
+    written after every variable's update (Adam's powers of beta) is no variable's."""
+    writes = {name: {graph.get_operation_by_name(op) for op in info.update_ops}
+              for name, info in analysis.variables.items()}
+    writer = {op: name for name, ops in writes.items() for op in ops}
+    for state in analysis.extra_state.values():
+        for op in map(graph.get_operation_by_name, state.update_ops):
+            if state.owner in writes and all(writer.get(before, state.owner) == state.owner
+                                             for before in upstream_ops([op])):
+                writes[state.owner].add(op)
+    gradients = {graph.get_tensor_by_name(tensor).op for info in analysis.variables.values()
+                 for record in info.gradients for tensor in record.tensor_names()}
+    before = gradients | upstream_ops(gradients)
+    ops = {name: (written | upstream_ops(written)) - before for name, written in writes.items()}
+    owners = collections.Counter(op for own in ops.values() for op in own)
+    return {name: {op.name for op in own if owners[op] == 1} for name, own in ops.items()}
+
+
 def upstream_ops(ops) -> set:
     """Every op the ops wait for, by data or control."""
     ahead, stack = set(), list(ops)

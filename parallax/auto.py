@@ -28,7 +28,8 @@ import psutil
 import tensorflow as tf
 
 from parallax import cost
-from parallax.analysis import GraphAnalysis, is_setting, upstream_ops
+from parallax.analysis import (GraphAnalysis, gradient_sources, is_setting,
+                               update_ops_by_variable, upstream_ops)
 from parallax.capture import VARIABLE_OP_TYPES
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
@@ -37,6 +38,7 @@ from parallax.partitioner import (DECISION_ENV, Partitioned, partitioned_variabl
                                   shard_name)
 from parallax.passes import row_sums, split_variables
 from parallax.plan import rule
+from parallax.profile import step_shares
 
 
 @dataclasses.dataclass
@@ -46,6 +48,8 @@ class Decision:
     note: str  # how it was decided
     # Seconds of a worker's compute, its machine's cores shared (cost.shared_compute)
     compute: Optional[float] = None
+    # Seconds of one worker's step alone, the speed of a server's updates (cost.step_time)
+    alone: Optional[float] = None
     links: Optional[dict] = None  # cost.Links fields the decision assumed
     step: Optional[float] = None  # seconds of a step of the chosen plan, as predicted
     # With search_partitions: [call, variable, shards] for each call of get_partitioner
@@ -101,6 +105,10 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
             stats, problem = measure(session, analysis, shape.workers)
             if not problem:
                 timed, compute_problem = measure_compute(session, analysis)
+                if timed:
+                    stats = {name: dataclasses.replace(
+                        var, ready=timed.ready.get(name, 1.0), update=timed.update.get(name, 0.0))
+                        for name, var in stats.items()}
     except tf.errors.OpError as error:  # in the initializers
         stats, problem = {}, _probe_failure(error, "the graph could not be initialized")
     if problem:
@@ -148,21 +156,26 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)
     note += _splits_note(splits, whole)
-    compute = None
+    compute = alone = None
     if timed:
-        alone, cpu = timed
+        alone = timed.alone
         cores = os.cpu_count() or 1  # the workers' machines taken to be like this one
-        compute = cost.shared_compute(alone, cpu, shape.workers_per_machine, cores)
-        note += (f"; one worker's step alone {1000 * alone:.0f} ms ({1000 * cpu:.0f} ms of CPU)"
-                 f", {shape.workers_per_machine} sharing {cores} cores {1000 * compute:.0f} ms")
+        compute = cost.shared_compute(alone, timed.cpu, shape.workers_per_machine, cores)
+        note += (f"; one worker's step alone {1000 * alone:.0f} ms "
+                 f"({1000 * timed.cpu:.0f} ms of CPU), {shape.workers_per_machine} sharing "
+                 f"{cores} cores {1000 * compute:.0f} ms")
+        off, held = cost.server_updates(chosen, stats, shape)
+        if off:
+            note += (f", of which the servers' updates take {off:.0%} (the busiest "
+                     f"server {max(held):.0%})")
     else:
         note += f"; compute not measured ({compute_problem})"
-    step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0,
+    step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0, alone=alone,
                           hierarchical_allreduce=staged)
     note += (f"; predicted step {1000 * step:.0f} ms" if timed
              else f"; predicted communication {1000 * step:.0f} ms a step")
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
-                    compute, dataclasses.asdict(links), step, partitions, staged,
+                    compute, alone, dataclasses.asdict(links), step, partitions, staged,
                     [[name, count] for name, count in splits.items()])
 
 
@@ -288,7 +301,8 @@ def _merge_shards(stats, groups, summable, hows, off_servers) -> Dict[str, cost.
         merged[group.name] = dataclasses.replace(
             first, name=group.name, nbytes=sum(s.nbytes for s in shards),
             rows=None if not first.sparse else sum(s.rows for s in shards),
-            unique=tuple(map(sum, zip(*(s.unique for s in shards)))))
+            unique=tuple(map(sum, zip(*(s.unique for s in shards)))),
+            ready=max(s.ready for s in shards), update=sum(s.update for s in shards))
         if all(name in summable for name in group.shards):
             summable.add(group.name)
         if group.shards[0] in hows:
@@ -311,15 +325,25 @@ def _split_shards(chosen, merged, groups):
             stats[name] = dataclasses.replace(
                 whole, name=name, nbytes=whole.nbytes // count,
                 rows=None if not whole.sparse else whole.rows // count,
-                unique=tuple(u // count for u in whole.unique))
+                unique=tuple(u // count for u in whole.unique), update=whole.update / count)
     return chosen, stats
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """One worker's training step alone, as the probe measured it."""
+    alone: float  # seconds of wall time
+    cpu: float  # seconds of this process's CPU time
+    ready: Dict[str, float]  # per variable, cost.VariableStats.ready
+    update: Dict[str, float]  # per variable, cost.VariableStats.update
+
+
 def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, steps: int = 3
-                    ) -> Tuple[Optional[Tuple[float, float]], Optional[str]]:
-    """Seconds of one training step on one worker's batch, alone, of wall time and of this
-    process's CPU time: every update the graph makes from its gradients, run after one warm-up
-    step; the medians of `steps`. Or why it cannot."""
+                    ) -> Tuple[Optional[Timing], Optional[str]]:
+    """One training step on one worker's batch alone (every update the graph makes from its
+    gradients), run after one warm-up step: the medians of `steps` of its wall and CPU time,
+    and when each gradient is ready and each variable's update's share, from one more, traced
+    (profile.step_shares). Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
     fed = _fed_placeholders(session.graph, writes)
     # A rate's value (a float setting) or is_training's does not change how much a step
@@ -330,15 +354,22 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
         return None, f"the step needs {data[0]!r} fed"
     settings = {op.outputs[0]: np.ones((), op.outputs[0].dtype.as_numpy_dtype) for op in fed}
     seconds, cpu_seconds = [], []
+    metadata = tf.compat.v1.RunMetadata()
     try:
         for _ in range(steps + 1):
             start, cpu_start = time.perf_counter(), time.process_time()
             session.run(writes, settings)
             seconds.append(time.perf_counter() - start)
             cpu_seconds.append(time.process_time() - cpu_start)
+        session.run(writes, settings, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
     except (tf.errors.OpError, ValueError) as error:  # ValueError: an update in a tf.cond
         return None, _probe_failure(error, "the step could not run before the job")
-    return (statistics.median(seconds[1:]), statistics.median(cpu_seconds[1:])), None
+    graph = session.graph
+    ready, update = step_shares(metadata.step_stats, gradient_sources(graph, analysis),
+                                update_ops_by_variable(graph, analysis))
+    return Timing(statistics.median(seconds[1:]), statistics.median(cpu_seconds[1:]), ready,
+                  update), None
 
 
 def measure(session: tf.compat.v1.Session, analysis: GraphAnalysis,

@@ -18,7 +18,12 @@ variable, the paper's alpha). The paper's Table 3, counted per machine link:
 - a variable split in k row shards over k servers moves the same rows, 1/k to each.
 
 Compute: a worker's step alone takes `alone` seconds of wall time and `cpu` seconds of its
-threads' CPU time; G workers sharing a machine's C cores take G*cpu/C when that is longer.
+threads' CPU time; G workers sharing a machine's C cores take G*cpu/C when that is longer. The
+update of a variable a server holds leaves the workers' compute and is done once, by that
+server, after the pushes it waits for: each worker computes its step less those updates' share,
+and the server whose updates take the largest share of a worker's compute (on a machine's
+cores as shared as its workers') makes the step wait that long. Work a server may do before
+the gradient comes (passes/defer_server_work.py) is priced as if it did not.
 
 Time: each link is a full-duplex pipe of `bandwidth` bytes/s that adds `latency` per message.
 A synchronous step communicates in two phases, one after the other: the pulls from servers
@@ -50,6 +55,9 @@ class VariableStats:
     # The share of a worker's compute done when its gradient is ready (traced on one worker);
     # 1.0: at the end, as taken when not measured.
     ready: float = 1.0
+    # The share of a worker's compute that is this variable's update (its optimizer's ops from
+    # the gradient to its and its slots' writes, traced on one worker); 0.0 when not measured.
+    update: float = 0.0
 
     @property
     def sparse(self) -> bool:
@@ -172,11 +180,13 @@ def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: in
 
 
 def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,
-              links: Links, compute: float = 0.0, **options) -> float:
+              links: Links, compute: float = 0.0, alone: Optional[float] = None,
+              **options) -> float:
     """Seconds per step of a whole plan: the pulls (the first phase's busiest link direction),
     then the compute and the second phase's busiest link direction, whose pushes of dense
-    gradients to servers go as each is ready (pushed_when_ready), and the waits of the
-    messages and machine stages."""
+    gradients to servers go as each is ready (pushed_when_ready), then the busiest server's
+    updates (server_updates; at the speed of a worker alone on its machine, `alone` seconds a
+    step, `compute` when not given), and the waits of the messages and machine stages."""
     phases, second = _no_traffic(cluster), []
     for name, method in choice.items():
         traffic = link_phases(stats[name], method, cluster, **options)
@@ -186,8 +196,25 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
     pushes = [(stats[name].ready if pushed_when_ready(stats[name], method) else 1.0,
                traffic[machine][direction] / links.bandwidth)
               for name, method, traffic in second]
-    return (busiest_bytes(phases[:1]) / links.bandwidth + compute_and_pushes(compute, pushes)
+    off, held = server_updates(choice, stats, cluster)
+    return (busiest_bytes(phases[:1]) / links.bandwidth
+            + compute_and_pushes(compute, pushes, off, max(held, default=0.0) * (
+                compute if alone is None else alone))
             + waits(choice, stats, cluster, links, options.get("hierarchical_allreduce", False)))
+
+
+def server_updates(choice: Dict[str, Method], stats: Dict[str, VariableStats],
+                   cluster: Cluster) -> Tuple[float, List[float]]:
+    """(the share of a worker's compute that the updates of the variables on servers take off
+    it, per machine the share its server's updates take): a variable in k shards, 1/k of its
+    update on each of its servers."""
+    off, held = 0.0, [0.0] * cluster.machines
+    for name, method in choice.items():
+        if method.how == PS:
+            off += stats[name].update
+            for server in method.servers:
+                held[server] += stats[name].update / len(method.servers)
+    return min(off, 1.0), held
 
 
 def pushed_when_ready(var: VariableStats, method: Method) -> bool:
@@ -198,14 +225,19 @@ def pushed_when_ready(var: VariableStats, method: Method) -> bool:
     return method.how == PS and not var.sparse
 
 
-def compute_and_pushes(compute: float, pushes: Sequence[Tuple[float, float]]) -> float:
-    """Seconds of the compute and of a link direction's pushes after the pulls: each push,
-    (the share of the compute done when it can go, its seconds on the link), goes in that
-    order as soon as the link is free; those that wait for the compute's end (1.0) follow it."""
+def compute_and_pushes(compute: float, pushes: Sequence[Tuple[float, float]],
+                       off: float = 0.0, server_seconds: float = 0.0) -> float:
+    """Seconds of the compute and of a link direction's pushes after the pulls, then of the
+    servers' updates: each push, (the share of the compute done when it can go, its seconds on
+    the link), goes in that order as soon as the link is free; those that wait for the
+    compute's end (1.0) follow it. `off`: the share of the compute that the servers' updates
+    take off a worker, which ends that much sooner (its gradients are ready when they were);
+    `server_seconds`: the busiest server's updates, after the pushes (server_updates)."""
+    worker = compute * (1 - off)
     link = 0.0
     for ready, seconds in sorted(pushes):
-        link = max(link, ready * compute) + seconds
-    return max(compute, link)
+        link = max(link, min(ready * compute, worker)) + seconds
+    return max(worker, link) + server_seconds
 
 
 def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,

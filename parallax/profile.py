@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 from tensorflow.python.client import timeline  # Chrome traces of RunMetadata; not exported
@@ -81,6 +81,41 @@ def phase_seconds(step_stats, graph: tf.Graph) -> Dict[str, float]:
                 start = node.all_start_micros
                 spans[phase].append((start, start + max(node.all_end_rel_micros, 1)))
     return {phase: covered(intervals) / 1e6 for phase, intervals in spans.items()}
+
+
+def op_spans(step_stats) -> Dict[str, Tuple[int, int]]:
+    """{op name: (start, end)} in microseconds of a traced run, on every device."""
+    spans: Dict[str, Tuple[int, int]] = {}
+    for device in step_stats.dev_stats:
+        for node in device.node_stats:
+            start = node.all_start_micros
+            first, last = spans.get(node.node_name, (start, start))
+            spans[node.node_name] = (min(first, start),
+                                     max(last, start + node.all_end_rel_micros))
+    return spans
+
+
+def step_shares(step_stats, sources: Dict[str, Set[str]], updates: Dict[str, Set[str]]
+                ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Of one worker's traced step, per variable: the share of the step done when its
+    gradient is ready, the end of the last of its `sources` that ran (1.0 if none ran;
+    cost.VariableStats.ready); and its share of the step's updates, `updates` its update's
+    ops (cost.VariableStats.update). Updates run side by side: the time some update ran is
+    shared among the variables in proportion to the time each one's own ran."""
+    spans = op_spans(step_stats)
+    begin = min(start for start, _ in spans.values())
+    length = max(max(end for _, end in spans.values()) - begin, 1)
+    ready = {}
+    for variable, names in sources.items():
+        ends = [spans[name][1] for name in names if name in spans]
+        ready[variable] = (max(ends) - begin) / length if ends else 1.0
+    own = {variable: covered([spans[name] for name in names if name in spans])
+           for variable, names in updates.items()}
+    union = covered([spans[name] for names in updates.values() for name in names
+                     if name in spans])
+    update = {variable: seconds / max(sum(own.values()), 1) * union / length
+              for variable, seconds in own.items()}
+    return ready, update
 
 
 def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:

@@ -3,7 +3,8 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.analysis import analyze, downstream_ops, upstream_ops
+from parallax.analysis import (analyze, downstream_ops, gradient_sources, update_ops_by_variable,
+                               upstream_ops)
 
 
 def _build(optimizer, with_ema=False):
@@ -118,3 +119,27 @@ def test_unknown_run_option_names_the_choices():
     with pytest.raises(ValueError, match="unknown run_option .ALLREDUCE.*.AR.*.HYBRID.*.MPI.*.PS."):
         parallax.Config(run_option="ALLREDUCE")
     assert parallax.Config(run_option="mpi").run_option == "AR"
+
+
+def test_a_variables_update_is_its_optimizers_ops_after_its_gradient_and_its_slots():
+    """Adam after a clipping by the global norm: a variable's update is its own and its
+    slots' ops and its gradient's scaling, not the global norm (every variable's) nor the
+    powers of beta (written after every update)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", [4, 2])
+        b = tf.compat.v1.get_variable("b", [2])
+        loss = tf.reduce_sum(tf.matmul(tf.ones([1, 4]), w) + b)
+        optimizer = tf.compat.v1.train.AdamOptimizer(0.1)
+        gradients, variables = zip(*optimizer.compute_gradients(loss))
+        clipped, _ = tf.clip_by_global_norm(gradients, 1.0)
+        optimizer.apply_gradients(zip(clipped, variables))
+    updates = update_ops_by_variable(graph, analyze(graph))
+    assert sorted(updates) == ["b", "w"]
+    assert "Adam/update_w/ResourceApplyAdam" in updates["w"]
+    assert not any("update_b" in name for name in updates["w"])
+    assert "clip_by_global_norm/mul_1" in updates["w"]
+    sources = gradient_sources(graph, analyze(graph))
+    assert "gradients/MatMul_grad/MatMul_1" in sources["w"] and "w" not in sources["b"]
+    assert not any("/global_norm/" in name or name.startswith(("beta", "Adam/mul", "Adam/Assign"))
+                   for name in updates["w"] | updates["b"])

@@ -108,6 +108,26 @@ def test_a_dense_gradient_pushed_to_a_server_leaves_as_soon_as_it_is_ready_unles
         1000 * (1 + 0.4 + 1 + 2 * latency))
 
 
+def test_the_predicted_step_moves_the_servers_updates_off_the_workers():
+    """A table whose update is half of one worker's 0.4 s step (Adam's over the whole table),
+    on host 0's server: the four workers compute half their step, then the server updates,
+    0.2 s alone; every process shares this machine's two cores, on which half of a worker's
+    0.8 s of CPU takes 0.2 s as well."""
+    table = dict(DENSE, update=0.5)
+    job = dict(variables=[table], sync={"w": (analytic.PS, 0)}, hosts=2, workers_per_host=2)
+    assert analytic.server_updates(**job) == (0.5, [0.5, 0.0])
+    single = {"window_steps": 1, "window_seconds": [0.4], "window_cpu_seconds": [0.8]}
+    summary = {"hosts": 2, "workers_per_host": 2, "cores": 2, "rate": "16kbit"}
+    nothing = [[{"tx": 0.0, "rx": 0.0}] * 2] * 2
+    latency = analytic.cost.Links().latency
+    # The four workers' compute: 4 x 0.8 s of CPU on 2 cores, 1.6 s, half of it gone.
+    assert report.predicted_step_ms(nothing, single, summary, job) == pytest.approx(
+        1000 * (0.8 + 0.2 + 2 * latency))
+    summary = dict(summary, cores=1)
+    assert report.predicted_step_ms(nothing, single, summary, job) == pytest.approx(
+        1000 * (1.6 + 0.4 + 2 * latency))  # on one core: 0.4 s of CPU for the server
+
+
 def test_on_the_wire_adds_headers_and_acknowledgements():
     wire = analytic.on_the_wire({"tx": 1448 * 100, "rx": 0})
     assert wire == {"tx": 1514 * 100, "rx": 66 * 50}

@@ -7,7 +7,8 @@ from parallax import cost
 from parallax.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Cluster, Links,
                            Method, VariableStats, balance_by_bytes, choose,
                            choose_with_allreduce_form, compute_and_pushes, link_bytes,
-                           link_phases, machine_stages_pay, shared_compute, step_time, waits)
+                           link_phases, machine_stages_pay, server_updates, shared_compute,
+                           step_time, waits)
 
 TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -133,6 +134,30 @@ def test_pushes_go_in_the_order_they_are_ready_when_the_link_is_free():
     assert compute_and_pushes(1.0, [(0.1, 0.6), (0.2, 0.6)]) == pytest.approx(1.3)
     assert compute_and_pushes(1.0, [(1.0, 0.5), (0.9, 0.05)]) == pytest.approx(1.5)
     assert compute_and_pushes(0.0, [(0.3, 0.5), (1.0, 0.5)]) == pytest.approx(1.0)
+
+
+def test_a_servers_update_leaves_the_workers_compute_and_follows_the_pushes():
+    """Adam's update of a whole table: 40% of a worker's step. On a server it is done once,
+    there, after the pushes it waits for; allreduced, on every worker inside its compute."""
+    table = dataclasses.replace(SPARSE, update=0.4)
+    split = dataclasses.replace(table, name="f")
+    plan = {"e": Method(PS, (0,)), "f": Method(PS, (0, 1)), "w": Method(ALLREDUCE)}
+    stats = {"e": table, "f": split, "w": dataclasses.replace(DENSE, update=0.1)}
+    off, held = server_updates(plan, stats, TWO_BY_TWO)
+    assert off == pytest.approx(0.8) and held == pytest.approx([0.6, 0.2])
+    assert compute_and_pushes(1.0, [(1.0, 0.1)], off=0.4, server_seconds=0.3) == (
+        pytest.approx(0.6 + 0.1 + 0.3))
+    # A push ready at 90% of the step goes when the worker, its update gone, is done (60%).
+    assert compute_and_pushes(1.0, [(0.9, 0.1)], off=0.4) == pytest.approx(0.7)
+    links = Links(bandwidth=1e12, latency=0.0)  # the compute alone
+    on_server = {"e": Method(PS, (0,))}
+    assert step_time(on_server, {"e": table}, TWO_BY_TWO, links, compute=2.0) == (
+        pytest.approx(2.0 * 0.6 + 2.0 * 0.4))
+    # Four workers on a machine's cores take 2 s a step; the server, alone there, 0.5 s.
+    assert step_time(on_server, {"e": table}, TWO_BY_TWO, links, compute=2.0, alone=0.5) == (
+        pytest.approx(2.0 * 0.6 + 0.5 * 0.4))
+    assert step_time({"e": Method(ALLREDUCE)}, {"e": table}, TWO_BY_TWO, links,
+                     compute=2.0) == pytest.approx(2.0)
 
 
 def test_waits_are_the_longest_chain_of_messages_and_the_cycles_of_machine_stages():

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
-from parallax.profile import phase_seconds
+from parallax.profile import phase_seconds, step_shares
 
 WORKER, SERVER = "/job:worker/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:0"
 
@@ -44,3 +44,19 @@ def test_a_server_receiving_and_waiting_for_pushes_is_push_time_not_server_work(
     assert phases["pull"] == pytest.approx(0.010)
     assert phases["push"] == pytest.approx(0.055)  # 20 to 75 ms
     assert phases["server"] == pytest.approx(0.005)
+
+
+def test_a_traced_step_gives_when_each_gradient_is_ready_and_each_updates_share():
+    """Two updates side by side share the 20 ms during which some update ran, in proportion
+    to their own 20 and 10 ms."""
+    step_stats = step_stats_pb2.StepStats()
+    worker = step_stats.dev_stats.add()
+    worker.device = WORKER
+    for name, start, end in [("forward", 0, 40), ("grad_w", 40, 60), ("grad_b", 60, 80),
+                             ("update_w", 80, 100), ("update_b", 90, 100)]:
+        _ran(worker, name, start, end)
+    ready, update = step_shares(step_stats, {"w": {"forward", "grad_w"}, "b": {"grad_b"},
+                                             "unused": {"never_ran"}},
+                                {"w": {"update_w"}, "b": {"update_b"}})
+    assert ready == pytest.approx({"w": 0.6, "b": 0.8, "unused": 1.0})
+    assert update == pytest.approx({"w": 0.2 * 2 / 3, "b": 0.2 / 3})
