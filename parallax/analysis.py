@@ -189,10 +189,14 @@ def gradient_sources(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str, Set[
     for it."""
     sources = {}
     for name, info in analysis.variables.items():
-        ops = {graph.get_tensor_by_name(tensor).op
-               for record in info.gradients for tensor in record.tensor_names()}
+        ops = _gradient_ops(graph, info)
         sources[name] = {op.name for op in ops | upstream_ops(ops)}
     return sources
+
+
+def _gradient_ops(graph: tf.Graph, info: VariableInfo) -> Set[tf.Operation]:
+    return {graph.get_tensor_by_name(tensor).op
+            for record in info.gradients for tensor in record.tensor_names()}
 
 
 def update_ops_by_variable(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str, Set[str]]:
@@ -208,8 +212,7 @@ def update_ops_by_variable(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str
             if state.owner in writes and all(writer.get(before, state.owner) == state.owner
                                              for before in upstream_ops([op])):
                 writes[state.owner].add(op)
-    gradients = {graph.get_tensor_by_name(tensor).op for info in analysis.variables.values()
-                 for record in info.gradients for tensor in record.tensor_names()}
+    gradients = set().union(*(_gradient_ops(graph, info) for info in analysis.variables.values()))
     before = gradients | upstream_ops(gradients)
     ops = {name: (written | upstream_ops(written)) - before for name, written in writes.items()}
     owners = collections.Counter(op for own in ops.values() for op in own)
