@@ -134,12 +134,13 @@ def test_a_variables_update_is_its_optimizers_ops_after_its_gradient_and_its_slo
         gradients, variables = zip(*optimizer.compute_gradients(loss))
         clipped, _ = tf.clip_by_global_norm(gradients, 1.0)
         optimizer.apply_gradients(zip(clipped, variables))
-    updates = update_ops_by_variable(graph, analyze(graph))
+    analysis = analyze(graph)
+    updates = update_ops_by_variable(graph, analysis)
     assert sorted(updates) == ["b", "w"]
     assert "Adam/update_w/ResourceApplyAdam" in updates["w"]
     assert not any("update_b" in name for name in updates["w"])
     assert "clip_by_global_norm/mul_1" in updates["w"]
-    sources = gradient_sources(graph, analyze(graph))
+    sources = gradient_sources(graph, analysis)
     assert "gradients/MatMul_grad/MatMul_1" in sources["w"] and "w" not in sources["b"]
     assert not any("/global_norm/" in name or name.startswith(("beta", "Adam/mul", "Adam/Assign"))
                    for name in updates["w"] | updates["b"])

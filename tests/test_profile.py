@@ -5,7 +5,8 @@ from tensorflow.core.framework import step_stats_pb2
 
 from parallax.profile import phase_seconds, step_shares
 
-WORKER, SERVER = "/job:worker/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:0"
+WORKER = "/job:worker/replica:0/task:0/device:CPU:0"
+SERVER = "/job:ps/replica:0/task:0/device:CPU:0"
 
 
 def _graph() -> tf.Graph:
