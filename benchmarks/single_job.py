@@ -52,7 +52,7 @@ def _traced_shares(session, train_op, sources, updates, warmup=3, traced=3):
     the medians of `traced` steps (profile.step_shares)."""
     for _ in range(warmup):
         session.run(train_op)
-    ready = {variable: [] for variable in sources}
+    ready = {variable: [] for variable in sources.heads}
     update = {variable: [] for variable in updates}
     for _ in range(traced):
         metadata = tf.compat.v1.RunMetadata()

@@ -183,15 +183,80 @@ def _differentiated(graph: tf.Graph, records: List[GradientRecord], writes) -> L
     return list(dict.fromkeys(found))
 
 
-def gradient_sources(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str, Set[str]]:
-    """Per trained variable, the names of the ops its gradients come from, their own
-    included: Grappler may rename or fold a gradient's own op, and the ops it comes from ran
-    for it."""
-    sources = {}
-    for name, info in analysis.variables.items():
-        ops = _gradient_ops(graph, info)
-        sources[name] = {op.name for op in ops | upstream_ops(ops)}
-    return sources
+@dataclasses.dataclass(frozen=True)
+class GradientSources:
+    """The ops each trained variable's gradients come from, their own included (Grappler may
+    rename or fold a gradient's own op, and the ops it comes from ran for it), as components of
+    the graph: the ops of a loop in it (a tf.compat.v1 while loop) together, each component
+    after those it waits for. `components`: (its ops' names, the indices of the components it
+    waits for); `heads`: per variable, the components of its gradients' own ops."""
+    components: List[Tuple[List[str], List[int]]]
+    heads: Dict[str, List[int]]
+
+    def latest(self, values: Dict[str, float]) -> Dict[str, Optional[float]]:
+        """Per variable, the largest of `values` (by op name) among its gradients' sources;
+        None where none of them has a value."""
+        best: List[Optional[float]] = []
+        for names, ahead in self.components:
+            found = [values[name] for name in names if name in values]
+            best.append(max(found + [best[i] for i in ahead if best[i] is not None],
+                            default=None))
+        return {variable: max((best[i] for i in heads if best[i] is not None), default=None)
+                for variable, heads in self.heads.items()}
+
+
+def gradient_sources(graph: tf.Graph, analysis: GraphAnalysis) -> GradientSources:
+    """One walk of the graph upstream of every trained variable's gradients (not one for each
+    variable: each would cross the whole forward pass)."""
+    heads = {name: _gradient_ops(graph, info) for name, info in analysis.variables.items()}
+    component_of, components = _components(set().union(*heads.values()))
+    return GradientSources(components, {name: sorted({component_of[op] for op in ops})
+                                        for name, ops in heads.items()})
+
+
+def _components(roots) -> Tuple[Dict[tf.Operation, int], List[Tuple[List[str], List[int]]]]:
+    """The ops `roots` wait for, and the roots, in strongly connected components (Tarjan's,
+    without recursion: a graph is deeper than Python's stack), each component after those it
+    waits for: (the index of each op's component, the components as GradientSources has
+    them)."""
+    order: Dict[tf.Operation, int] = {}
+    low: Dict[tf.Operation, int] = {}
+    stack, on_stack, work = [], set(), []  # work: (op, its parents not yet looked at)
+    component_of: Dict[tf.Operation, int] = {}
+    components: List[Tuple[List[str], List[int]]] = []
+
+    def visit(op):
+        order[op] = low[op] = len(order)
+        stack.append(op)
+        on_stack.add(op)
+        work.append((op, iter(_parents(op))))
+
+    for root in roots:
+        if root in order:
+            continue
+        visit(root)
+        while work:
+            op, parents = work[-1]
+            for parent in parents:
+                if parent not in order:
+                    visit(parent)
+                    break
+                if parent in on_stack:
+                    low[op] = min(low[op], order[parent])
+            else:  # every parent done: op's component may be complete
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[op])
+                if low[op] == order[op]:
+                    members = []
+                    while not members or members[-1] is not op:
+                        members.append(stack.pop())
+                        on_stack.discard(members[-1])
+                        component_of[members[-1]] = len(components)
+                    ahead = {component_of[p] for m in members for p in _parents(m)}
+                    components.append(([m.name for m in members],
+                                       sorted(ahead - {len(components)})))
+    return component_of, components
 
 
 def _gradient_ops(graph: tf.Graph, info: VariableInfo) -> Set[tf.Operation]:
@@ -207,28 +272,38 @@ def update_ops_by_variable(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str
     writes = {name: {graph.get_operation_by_name(op) for op in info.update_ops}
               for name, info in analysis.variables.items()}
     writer = {op: name for name, ops in writes.items() for op in ops}
-    for state in analysis.extra_state.values():
-        for op in map(graph.get_operation_by_name, state.update_ops):
-            if state.owner in writes and all(writer.get(before, state.owner) == state.owner
-                                             for before in upstream_ops([op])):
-                writes[state.owner].add(op)
     gradients = set().union(*(_gradient_ops(graph, info) for info in analysis.variables.values()))
     before = gradients | upstream_ops(gradients)
-    ops = {name: (written | upstream_ops(written)) - before for name, written in writes.items()}
+    # What is upstream of an op in `before` is in `before`: the walks from the writes stop
+    # there (not through the whole forward pass), unless a write is in `before` itself.
+    stop = frozenset() if any(op in before for op in writer) else before
+    for state in analysis.extra_state.values():
+        for op in map(graph.get_operation_by_name, state.update_ops):
+            if state.owner in writes and all(writer.get(ahead, state.owner) == state.owner
+                                             for ahead in upstream_ops([op], stop)):
+                writes[state.owner].add(op)
+    ops = {name: (written | upstream_ops(written, before)) - before
+           for name, written in writes.items()}
     owners = collections.Counter(op for own in ops.values() for op in own)
     return {name: {op.name for op in own if owners[op] == 1} for name, own in ops.items()}
 
 
-def upstream_ops(ops) -> set:
-    """Every op the ops wait for, by data or control."""
+def upstream_ops(ops, stop=frozenset()) -> set:
+    """Every op the ops wait for, by data or control, not looking at or past those in
+    `stop`."""
     ahead, stack = set(), list(ops)
     while stack:
         op = stack.pop()
-        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent not in ahead:
+        for parent in _parents(op):
+            if parent not in ahead and parent not in stop:
                 ahead.add(parent)
                 stack.append(parent)
     return ahead
+
+
+def _parents(op: tf.Operation) -> List[tf.Operation]:
+    """The ops `op` waits for, by data or control."""
+    return [t.op for t in op.inputs] + list(op.control_inputs)
 
 
 # The writes whose value can be averaged over workers: the value is their second input.

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 from tensorflow.python.client import timeline  # Chrome traces of RunMetadata; not exported
 
+from parallax.analysis import GradientSources
 from parallax.config import ProfileConfig
 
 PHASES = ("input", "pull", "push", "server", "allreduce", "wait_for_chief", "compute")
@@ -95,20 +96,18 @@ def op_spans(step_stats) -> Dict[str, Tuple[int, int]]:
     return spans
 
 
-def step_shares(step_stats, sources: Dict[str, Set[str]], updates: Dict[str, Set[str]]
+def step_shares(step_stats, sources: GradientSources, updates: Dict[str, Set[str]]
                 ) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Of one worker's traced step, per variable: the share of the step done when its
-    gradient is ready, the end of the last of its `sources` that ran (1.0 if none ran;
-    cost.VariableStats.ready); and its share of the step's updates, `updates` its update's
-    ops (cost.VariableStats.update). Updates run side by side: the time some update ran is
-    shared among the variables in proportion to the time each one's own ran."""
+    gradient is ready, the end of the last of its gradients' `sources` that ran (1.0 if none
+    ran; cost.VariableStats.ready); and its share of the step's updates, `updates` its
+    update's ops (cost.VariableStats.update). Updates run side by side: the time some update
+    ran is shared among the variables in proportion to the time each one's own ran."""
     spans = op_spans(step_stats)
     begin = min(start for start, _ in spans.values())
     length = max(max(end for _, end in spans.values()) - begin, 1)
-    ready = {}
-    for variable, names in sources.items():
-        ends = [spans[name][1] for name in names if name in spans]
-        ready[variable] = (max(ends) - begin) / length if ends else 1.0
+    ready = {variable: 1.0 if end is None else (end - begin) / length for variable, end in
+             sources.latest({name: end for name, (_, end) in spans.items()}).items()}
     own = {variable: covered([spans[name] for name in names if name in spans])
            for variable, names in updates.items()}
     union = covered([spans[name] for names in updates.values() for name in names

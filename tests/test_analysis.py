@@ -140,7 +140,57 @@ def test_a_variables_update_is_its_optimizers_ops_after_its_gradient_and_its_slo
     assert "Adam/update_w/ResourceApplyAdam" in updates["w"]
     assert not any("update_b" in name for name in updates["w"])
     assert "clip_by_global_norm/mul_1" in updates["w"]
-    sources = gradient_sources(graph, analysis)
-    assert "gradients/MatMul_grad/MatMul_1" in sources["w"] and "w" not in sources["b"]
+    latest = gradient_sources(graph, analysis).latest
+    assert latest({"gradients/MatMul_grad/MatMul_1": 5.0})["w"] == 5.0
+    assert latest({"w": 7.0})["b"] is None
     assert not any("/global_norm/" in name or name.startswith(("beta", "Adam/mul", "Adam/Assign"))
                    for name in updates["w"] | updates["b"])
+
+
+def test_gradient_sources_are_the_ops_upstream_of_the_gradients_loops_included():
+    """A tf.compat.v1 while loop (a cycle in the graph) in the forward pass, and so in the
+    backward one: one walk over the graph's components gives, for any values of the ops, the
+    largest upstream of each variable's gradients, as a walk from each would."""
+    enabled = tf.compat.v1.control_flow_v2_enabled()
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            w = tf.compat.v1.get_variable("w", [2, 2])
+            b = tf.compat.v1.get_variable("b", [2])
+            _, h = tf.compat.v1.while_loop(lambda i, h: i < 3,
+                                           lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
+                                           [tf.constant(0), tf.ones([1, 2])])
+            loss = tf.reduce_sum(h + b)
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    finally:
+        if enabled:
+            tf.compat.v1.enable_control_flow_v2()
+    assert any(op.type == "NextIteration" for op in graph.get_operations())
+    analysis = analyze(graph)
+    operations = graph.get_operations()
+    values = {op.name: float((7919 * i) % len(operations)) for i, op in enumerate(operations)}
+    latest = gradient_sources(graph, analysis).latest(values)
+    for name, info in analysis.variables.items():
+        heads = {graph.get_tensor_by_name(t).op for r in info.gradients for t in r.tensor_names()}
+        assert latest[name] == max(values[op.name] for op in heads | upstream_ops(heads)), name
+
+
+def test_an_update_the_gradients_wait_for_comes_before_them_and_is_no_variables_update():
+    """Two optimizers in one run, the second's loss after the first's update: d's update is
+    part of what comes before the gradients, w's is its own."""
+    graph = tf.Graph()
+    with graph.as_default():
+        d = tf.compat.v1.get_variable("d", [4, 2])
+        w = tf.compat.v1.get_variable("w", [2])
+        x = tf.ones([1, 4])
+        train_d = tf.compat.v1.train.AdamOptimizer(0.1, name="AdamD").minimize(
+            tf.reduce_sum(tf.matmul(x, d)), var_list=[d])
+        with tf.control_dependencies([train_d]):
+            loss = tf.reduce_sum(tf.matmul(x, tf.stop_gradient(d.read_value())) * w)
+        tf.compat.v1.train.AdamOptimizer(0.1, name="AdamW").minimize(loss, var_list=[w])
+    updates = update_ops_by_variable(graph, analyze(graph))
+    assert updates["d"] == set()
+    assert "AdamW/update_w/ResourceApplyAdam" in updates["w"]
+    assert {"w/AdamW", "w/AdamW_1"} <= updates["w"]
+    assert not any(name.startswith(("AdamD", "d/")) for name in updates["w"])

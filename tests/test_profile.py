@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
+from parallax.analysis import GradientSources
 from parallax.profile import phase_seconds, step_shares
 
 WORKER = "/job:worker/replica:0/task:0/device:CPU:0"
@@ -56,8 +57,9 @@ def test_a_traced_step_gives_when_each_gradient_is_ready_and_each_updates_share(
     for name, start, end in [("forward", 0, 40), ("grad_w", 40, 60), ("grad_b", 60, 80),
                              ("update_w", 80, 100), ("update_b", 90, 100)]:
         _ran(worker, name, start, end)
-    ready, update = step_shares(step_stats, {"w": {"forward", "grad_w"}, "b": {"grad_b"},
-                                             "unused": {"never_ran"}},
-                                {"w": {"update_w"}, "b": {"update_b"}})
+    # w's gradient comes from the forward pass; b's does not; `unused`'s never ran.
+    sources = GradientSources([(["forward"], []), (["grad_w"], [0]), (["grad_b"], []),
+                               (["never_ran"], [])], {"w": [1], "b": [2], "unused": [3]})
+    ready, update = step_shares(step_stats, sources, {"w": {"update_w"}, "b": {"update_b"}})
     assert ready == pytest.approx({"w": 0.6, "b": 0.8, "unused": 1.0})
     assert update == pytest.approx({"w": 0.2 * 2 / 3, "b": 0.2 / 3})
