@@ -129,26 +129,17 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
     if not Cluster(machines).machine_groups():
         hierarchical_allreduce = False
 
-    compute = alone = None
-    if timed:
-        alone = timed.alone
-        cores = os.cpu_count() or 1  # the workers' machines taken to be like this one
-        compute = cost.shared_compute(alone, timed.cpu, shape.workers_per_machine, cores)
-
     def choose(shard_counts):
         return cost.choose_with_allreduce_form(
             list(merged.values()), shape, links, hierarchical_allreduce,
-            shard_counts=shard_counts, summable=summable, hows=hows, off_servers=off_servers,
-            compute=compute or 0.0, alone=alone)
+            shard_counts=shard_counts, summable=summable, hows=hows, off_servers=off_servers)
 
     chosen, staged = choose(counts)
     splits, whole = {}, {}
     if split is not False:
         (chosen, staged), splits, whole = _choose_splits(
             graph, analysis, groups, off_servers, shape, split,
-            lambda more: choose({**counts, **more}), (chosen, staged), merged,
-            lambda plan, stages: cost.step_time(plan, merged, shape, links, compute or 0.0,
-                                                alone, hierarchical_allreduce=stages))
+            lambda more: choose({**counts, **more}), (chosen, staged), merged, links)
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups + [
@@ -165,7 +156,11 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
         note += "; partitions: " + ", ".join(f"{name} in {count}"
                                              for _, name, count in partitions)
     note += _splits_note(splits, whole)
+    compute = alone = None
     if timed:
+        alone = timed.alone
+        cores = os.cpu_count() or 1  # the workers' machines taken to be like this one
+        compute = cost.shared_compute(alone, timed.cpu, shape.workers_per_machine, cores)
         note += (f"; one worker's step alone {1000 * alone:.0f} ms "
                  f"({1000 * timed.cpu:.0f} ms of CPU), {shape.workers_per_machine} sharing "
                  f"{cores} cores {1000 * compute:.0f} ms")
@@ -236,15 +231,21 @@ def _splits_note(splits: Dict[str, int], whole: Dict[str, str]) -> str:
     return note
 
 
+def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool:
+    """Whether the plan with split variables is predicted cost.SPLIT_MARGIN faster."""
+    seconds = [cost.step_time(choice, stats, shape, links, hierarchical_allreduce=staged)
+               for choice, staged in ((split, split_staged), (whole, whole_staged))]
+    return seconds[0] * (1 + cost.SPLIT_MARGIN) < seconds[1]
+
+
 def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, whole_plan,
-                   merged, seconds):
+                   merged, links):
     """The plan (methods, machine stages) with the variables the user did not partition split
-    where the cost model predicts it pays, cost.SPLIT_MARGIN faster (with `split` True, every
-    one a server holds, over every machine), those splits, and why each other sparse variable
-    is kept whole. Of those the plan splits that cannot split together, the largest are kept
-    split in turn (split_variables.splittable_in_turn) and the plan is chosen again without
-    the others. `choose` plans with extra shard counts; `whole_plan` is the plan without
-    splits; `seconds` predicts a plan's step (its methods, machine stages)."""
+    where the cost model predicts it pays (with `split` True, every one a server holds, over
+    every machine), those splits, and why each other sparse variable is kept whole. Of those
+    the plan splits that cannot split together, the largest are kept split in turn
+    (split_variables.splittable_in_turn) and the plan is chosen again without the others.
+    `choose` plans with extra shard counts; `whole_plan` is the plan without splits."""
     counts, whole = _splittable_counts(graph, analysis, groups, off_servers, shape)
     if split:
         counts = {name: range(shape.machines, shape.machines + 1) for name in counts}
@@ -259,8 +260,7 @@ def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, w
             break
         whole.update(apart)
         counts = {name: shards for name, shards in counts.items() if name not in apart}
-    if splits and (split or seconds(*with_splits) * (1 + cost.SPLIT_MARGIN)
-                   < seconds(*whole_plan)):
+    if splits and (split or _pays(*with_splits, *whole_plan, merged, shape, links)):
         return with_splits, splits, whole
     return whole_plan, {}, whole
 

@@ -256,8 +256,7 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster,
                                shard_counts: Optional[Dict[str, Sequence[int]]] = None,
                                summable: Optional[Collection[str]] = None,
                                hows: Optional[Dict[str, str]] = None,
-                               off_servers: Collection[str] = (), compute: float = 0.0,
-                               alone: Optional[float] = None
+                               off_servers: Collection[str] = ()
                                ) -> Tuple[Dict[str, Method], bool]:
     """`choose`, and whether allreduces go in machine stages: as `machine_stages` says when
     True or False; when None, the plan predicted faster of the best plan with a ring and the
@@ -266,9 +265,8 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster,
     fastest = None
     for staged in ((False, True) if machine_stages is None else (machine_stages,)):
         choice = choose(stats, cluster, links, shard_counts, summable, hows, off_servers,
-                        compute, alone, hierarchical_allreduce=staged)
-        seconds = step_time(choice, by_name, cluster, links, compute, alone,
-                            hierarchical_allreduce=staged)
+                        hierarchical_allreduce=staged)
+        seconds = step_time(choice, by_name, cluster, links, hierarchical_allreduce=staged)
         if fastest is None or seconds < fastest[0]:
             fastest = (seconds, choice, staged)
     return fastest[1], fastest[2]
@@ -334,7 +332,7 @@ BEAM = 16  # partial plans kept while choosing
 # the ids and a stitch of the rows, and per step a message and an update per shard, which the
 # model does not price: a plan that splits must be predicted this much faster.
 SPLIT_MARGIN = 0.05
-# The model does not see when in the step each sparse gradient is ready: a table's shards over
+# The model does not see when in the step each gradient is ready: a table's shards spread over
 # the servers keep both directions of a link busy as its rows are pushed, which HYBRID's
 # placement does. Measured on nmt: 222-234 ms a step with HYBRID's, 238-246 ms with the
 # model's (three of four shards of each table on one server), predicted within 0.05%.
@@ -345,64 +343,52 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
            shard_counts: Optional[Dict[str, Sequence[int]]] = None,
            summable: Optional[Collection[str]] = None,
            hows: Optional[Dict[str, str]] = None, off_servers: Collection[str] = (),
-           compute: float = 0.0, alone: Optional[float] = None,
            **options) -> Dict[str, Method]:
-    """Per variable a method, for the least predicted step time of the whole plan (step_time,
-    with the workers' `compute` and a worker's step `alone` when measured: a server takes
-    its variables' updates off the workers); allreduce for a dense gradient; for a sparse one
-    allreduce (as dense), allgather, or parameter servers (in as many row shards as
-    `shard_counts` allows it, 1 when not given); as dense only those in `summable` (all when
-    None), whose rows may be summed by id; only `hows[name]` where given (a run option's
-    rule); no server for those in `off_servers`.
+    """Per variable a method, for the least predicted step time of the whole plan: allreduce
+    for a dense gradient; for a sparse one allreduce (as dense), allgather, or parameter
+    servers (in as many row shards as `shard_counts` allows it, 1 when not given); as dense
+    only those in `summable` (all when None), whose rows may be summed by id; only
+    `hows[name]` where given (a run option's rule); no server for those in `off_servers`.
 
     A beam search: variables are decided one at a time, dense ones first (their allreduce, and
     its latency, is then paid for), then sparse ones, largest first, keeping the BEAM partial
-    plans of least predicted time (their communication, and the compute less the updates
-    their servers take, then the busiest server's updates; a push that overlaps the compute
-    counts in full). A variable's best method depends on the others' (two tables balance on
-    two servers where either alone would rather be allgathered), so the greedy choice of one
-    would miss them. Of plans equally fast: the fewest shards, then the servers holding the
-    most even bytes. Then HYBRID's rule of placement for the variables on one server each
-    (balance_by_bytes) replaces the plan's, unless it is predicted more than
-    PLACEMENT_MARGIN slower."""
+    plans of least predicted time. A variable's best method depends on the others' (two tables
+    balance on two servers where either alone would rather be allgathered), so the greedy
+    choice of one would miss them. Of plans equally fast: the fewest shards, then the servers
+    holding the most even bytes. Then HYBRID's rule of placement for the variables on one
+    server each (balance_by_bytes) replaces the plan's, unless its communication is predicted
+    more than PLACEMENT_MARGIN slower."""
     # A partial plan: (its methods, their traffic, the longest chain of messages, the bytes
-    # each machine serves, the share of a worker's compute each machine's updates take).
-    nothing = (0.0,) * cluster.machines
-    beam = [((), _no_traffic(cluster), 0, nothing, nothing)]
-    server_speed = compute if alone is None else alone
+    # each machine serves).
+    beam = [((), _no_traffic(cluster), 0, (0.0,) * cluster.machines)]
     for var in sorted(stats, key=lambda v: (v.sparse, -v.nbytes)):
         extended = []
         for method in _candidates(var, cluster, shard_counts, summable, hows, off_servers):
             traffic = link_phases(var, method, cluster, **options)
             chain = messages(var, method, cluster)
-            for choice, phases, rounds, held, updates in beam:
-                serving, updating = list(held), list(updates)
+            for choice, phases, rounds, held in beam:
+                serving = list(held)
                 for server in method.servers:
                     serving[server] += var.nbytes / len(method.servers)
-                    updating[server] += var.update / len(method.servers)
                 extended.append((choice + ((var.name, method),), _added(phases, traffic),
-                                 max(rounds, chain), tuple(serving), tuple(updating)))
+                                 max(rounds, chain), tuple(serving)))
         extended.sort(key=lambda plan: (
-            round((_communication(plan[1], plan[2], links)  # ns: sums in any order
-                   + compute * (1 - min(sum(plan[4]), 1.0))
-                   + max(plan[4]) * server_speed) * 1e9),
+            round(_communication(plan[1], plan[2], links) * 1e9),  # ns: sums in any order
             sum(len(method.servers) for _, method in plan[0]), max(plan[3]),
             [method.servers for _, method in plan[0]]))
         beam = extended[:BEAM]
     best = dict(beam[0][0])
     by_name = {var.name: var for var in stats}
-
-    def seconds(plan):
-        return step_time(plan, by_name, cluster, links, compute, alone, **options)
-
     # The beam keeps partial plans that look fast alone: it can drop the tables that balance
     # only together (4 shards on 4 servers, each alone predicted slower than an allgather).
     rule = _with_balanced_servers(_rule_plan(stats, cluster, shard_counts, hows, off_servers),
                                   by_name, cluster)
-    if seconds(rule) < seconds(best):
+    if (step_time(rule, by_name, cluster, links, **options)
+            < step_time(best, by_name, cluster, links, **options)):
         best = rule
     balanced = _with_balanced_servers(best, by_name, cluster)
-    if seconds(balanced) <= (1 + PLACEMENT_MARGIN) * seconds(best):
+    if (step_time(balanced, by_name, cluster, links, **options)
+            <= (1 + PLACEMENT_MARGIN) * step_time(best, by_name, cluster, links, **options)):
         return balanced
     return best
 

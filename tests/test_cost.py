@@ -204,24 +204,6 @@ def test_one_large_table_is_allgathered_and_two_balance_on_two_servers():
     assert sorted(m.servers for m in chosen.values()) == [(0,), (1,)]
 
 
-def test_a_server_that_takes_a_heavy_update_off_the_workers_can_beat_an_allgather():
-    """The table above, alone: allgathered, its links carry 792 kB (63.4 ms at 100 Mbit/s),
-    on a server 909.6 kB (72.8 ms). With Adam's update of the whole table 40% of the
-    workers' 100 ms of compute, the server does it once, in 0.4 x 50 ms (a worker's step
-    alone), and the workers compute 60 ms: 72.8 + 60 + 20 ms against 63.4 + 100 ms."""
-    table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
-                          unique=(900, 1700, 2400, 3000), update=0.4)
-    assert choose([table], TWO_BY_TWO, Links(), compute=0.1, alone=0.05) == {
-        "a": Method(PS, (0,))}
-    assert choose([table], TWO_BY_TWO, Links()) == {"a": Method(ALLGATHER)}  # not measured
-    light = dataclasses.replace(table, update=0.05)  # 72.8 + 95 + 2.5 ms: still allgathered
-    assert choose([light], TWO_BY_TWO, Links(), compute=0.1, alone=0.05) == {
-        "a": Method(ALLGATHER)}
-    chosen, _ = choose_with_allreduce_form([table], TWO_BY_TWO, Links(), compute=0.1,
-                                           alone=0.05)
-    assert chosen == {"a": Method(PS, (0,))}
-
-
 def test_shards_are_chosen_when_one_table_would_load_one_machine():
     table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
                           unique=(900, 1700, 2400, 3000))
