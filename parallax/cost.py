@@ -332,7 +332,7 @@ BEAM = 16  # partial plans kept while choosing
 # the ids and a stitch of the rows, and per step a message and an update per shard, which the
 # model does not price: a plan that splits must be predicted this much faster.
 SPLIT_MARGIN = 0.05
-# The model does not see when in the step each gradient is ready: a table's shards spread over
+# The model does not see when in the step each sparse gradient is ready: a table's shards over
 # the servers keep both directions of a link busy as its rows are pushed, which HYBRID's
 # placement does. Measured on nmt: 222-234 ms a step with HYBRID's, 238-246 ms with the
 # model's (three of four shards of each table on one server), predicted within 0.05%.
