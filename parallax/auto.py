@@ -58,6 +58,9 @@ class Decision:
     machine_stages: Optional[bool] = None
     # [variable, shards] for each variable the workers split (passes/split_variables.py)
     splits: List[list] = dataclasses.field(default_factory=list)
+    # The Config's run option it was made for: AUTO, or another whose servers and shards
+    # (search_partitions, split_variables) were chosen here
+    run_option: str = "AUTO"
 
     def to_env(self) -> Dict[str, str]:
         return {DECISION_ENV: json.dumps(dataclasses.asdict(self))}
@@ -176,7 +179,7 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
              else f"; predicted communication {1000 * step:.0f} ms a step")
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, alone, dataclasses.asdict(links), step, partitions, staged,
-                    [[name, count] for name, count in splits.items()])
+                    [[name, count] for name, count in splits.items()], run_option)
 
 
 def _decision_by_rule(graph, analysis, run_option, split, shape, problem) -> Decision:
@@ -200,7 +203,8 @@ def _decision_by_rule(graph, analysis, run_option, split, shape, problem) -> Dec
         methods.update({shard_name(name, j): {"how": cost.PS, "server": j}
                         for j in range(count)})
     note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits, whole)
-    return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()])
+    return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()],
+                    run_option=run_option)
 
 
 def _rate(bytes_per_second: float) -> str:

@@ -313,7 +313,9 @@ def describe(plan: Plan) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
              for row in rows]
-    header = (f"Parallax plan: run_option={plan.run_option}, {plan.num_workers} workers on "
+    auto = plan.decision is not None and plan.decision.run_option == "AUTO"
+    run_option = f"AUTO ({plan.run_option}'s passes)" if auto else plan.run_option
+    header = (f"Parallax plan: run_option={run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
               + (", local aggregation"
                  if plan.ps_config.local_aggregation and plan.cluster.servers else "")
@@ -324,7 +326,7 @@ def describe(plan: Plan) -> str:
                    "variables as they arrive" + ("; dense variables are allreduced, in step"
                                                  if plan.with_sync(Sync.ALLREDUCE) else ""))
     if plan.decision is not None:
-        header += f"\nAUTO: {plan.decision.note}"
+        header += f"\n{'AUTO' if auto else 'servers and shards'}: {plan.decision.note}"
     return "\n".join([header] + lines)
 
 

@@ -353,6 +353,8 @@ def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predi
     analysis = analyze(split_variables(copy_graph(graph), dict(decision.splits)))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
     text = describe(make_plan(analysis, Config(run_option="AUTO"), cluster, decision=decision))
+    assert text.startswith("Parallax plan: run_option=AUTO (HYBRID's passes), 4 workers")
+    assert text.splitlines()[1].startswith("AUTO: cost model")
     assert "predicted step" in text.splitlines()[1]
     header, table, _, w = text.splitlines()[2:6]
     assert header.endswith("alpha  predicted bytes  share of step")

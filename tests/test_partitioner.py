@@ -14,7 +14,7 @@ from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.partitioner import DECISION_ENV, check_counts, partitioned_variables
-from parallax.plan import Sync, make_plan
+from parallax.plan import Sync, describe, make_plan
 
 
 def _graph(min_partitions=1, vocab=100_000, name="table"):
@@ -61,6 +61,10 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
                      decision=decision)
     assert [(p.sync, p.server) for p in plan.variables.values()] == [
         (Sync.PS, 0), (Sync.PS, 1), (Sync.ALLREDUCE, None)]
+    # The plan is HYBRID's, not AUTO's: the model chose only its servers and shards.
+    header, note = describe(plan).splitlines()[:2]
+    assert header.startswith("Parallax plan: run_option=HYBRID, 4 workers")
+    assert note.startswith("servers and shards: cost model")
 
 
 def test_a_run_options_rule_is_kept_and_small_tables_stay_whole():
