@@ -38,7 +38,7 @@ from parallax.partitioner import (DECISION_ENV, Partitioned, partitioned_variabl
                                   shard_name)
 from parallax.passes import row_sums, split_variables
 from parallax.plan import rule
-from parallax.profile import step_shares
+from parallax.profile import profiler_log_dropped, step_shares
 
 
 @dataclasses.dataclass
@@ -365,8 +365,9 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
             session.run(writes, settings)
             seconds.append(time.perf_counter() - start)
             cpu_seconds.append(time.process_time() - cpu_start)
-        session.run(writes, settings, options=tf.compat.v1.RunOptions(
-            trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        with profiler_log_dropped():
+            session.run(writes, settings, options=tf.compat.v1.RunOptions(
+                trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
     except (tf.errors.OpError, ValueError) as error:  # ValueError: an update in a tf.cond
         return None, _probe_failure(error, "the step could not run before the job")
     graph = session.graph

@@ -18,8 +18,12 @@ one op of the phase was running, phases overlapping as the runtime overlaps them
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import sys
+import tempfile
 from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
@@ -29,8 +33,33 @@ from parallax.analysis import GradientSources
 from parallax.config import ProfileConfig
 
 PHASES = ("input", "pull", "push", "server", "allreduce", "wait_for_chief", "compute")
+# What TensorFlow's C++ profiler logs for each traced run (and, without a GPU, a warning that
+# it collected no GPU trace); its log level is read once, when TensorFlow is loaded.
+_PROFILER_LOG = re.compile(rb"profiler_session\.cc:\d+\] Profiler session |"
+                           rb"xplane_to_step_stats\.cc:\d+\] GPU trace was not collected")
 _INPUT_TYPES = {"IteratorGetNext", "IteratorGetNextSync", "QueueDequeueV2",
                 "QueueDequeueManyV2", "QueueDequeueUpToV2", "ReaderReadV2"}
+
+
+@contextlib.contextmanager
+def profiler_log_dropped():
+    """Standard error without the profiler's log lines of a run Parallax traces for itself (the
+    driver's probe under AUTO), which a user did not ask for and may read as a problem; every
+    other line written meanwhile is kept, in order, once the run is over."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = b"".join(line for line in captured if not _PROFILER_LOG.search(line))
+            while kept:
+                kept = kept[os.write(2, kept):]
 
 
 class Profiler:

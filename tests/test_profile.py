@@ -1,4 +1,8 @@
 """The phases of a traced run, from hand-made step stats of a worker and a server."""
+import os
+import subprocess
+import sys
+
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
@@ -63,3 +67,39 @@ def test_a_traced_step_gives_when_each_gradient_is_ready_and_each_updates_share(
     ready, update = step_shares(step_stats, sources, {"w": {"update_w"}, "b": {"update_b"}})
     assert ready == pytest.approx({"w": 0.6, "b": 0.8, "unused": 1.0})
     assert update == pytest.approx({"w": 0.2 * 2 / 3, "b": 0.2 / 3})
+
+
+
+_TRACED_TWICE = """
+import sys
+import tensorflow as tf
+from parallax.profile import profiler_log_dropped
+
+tf.compat.v1.disable_eager_execution()
+doubled = tf.constant(1.0) * 2
+with tf.compat.v1.Session() as session:
+    session.run(doubled)
+    def traced():
+        session.run(doubled, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+            run_metadata=tf.compat.v1.RunMetadata())
+    print("[probe begins]", file=sys.stderr, flush=True)
+    with profiler_log_dropped():
+        print("the user's line", file=sys.stderr)
+        traced()
+    print("[probe ended]", file=sys.stderr, flush=True)
+    traced()
+"""
+
+
+def test_a_traced_run_parallax_makes_for_itself_keeps_stderr_but_the_profilers_lines():
+    # A process of its own: TensorFlow reads its C++ log level once, at load.
+    result = subprocess.run([sys.executable, "-c", _TRACED_TWICE], capture_output=True,
+                            text=True, timeout=120,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+    assert result.returncode == 0, result.stderr
+    inside = result.stderr.split("[probe begins]")[1].split("[probe ended]")[0]
+    after = result.stderr.split("[probe ended]")[1]
+    assert "the user's line" in inside
+    assert "Profiler session" not in inside and "GPU trace" not in inside
+    assert "Profiler session" in after  # TensorFlow does log them outside of it
