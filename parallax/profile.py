@@ -46,14 +46,19 @@ def profiler_log_dropped():
     """Standard error without the profiler's log lines of a run Parallax traces for itself (the
     driver's probe under AUTO), which a user did not ask for and may read as a problem; every
     other line written meanwhile is kept, in order, once the run is over."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # a process without standard error (a daemon's): nothing to keep clean
+        yield
+        return
+    flush = sys.stderr.flush if sys.stderr is not None else (lambda: None)
+    flush()
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
             yield
         finally:
-            sys.stderr.flush()
+            flush()
             os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
