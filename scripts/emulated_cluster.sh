@@ -56,7 +56,9 @@ shape() {
     fi
     if [ -n "$rate" ]; then
         # A burst of a few MTUs keeps the rate exact at the scale of a step; a queue of
-        # 500 ms of traffic absorbs TCP bursts without drops.
+        # 20 ms of traffic, like a switch port's, holds TCP's bursts without delaying every
+        # small message behind seconds of bulk transfers. This kernel has no fair-queueing
+        # qdisc (fq, fq_codel, sfq) to put under it: the queue is one FIFO.
         $tc qdisc add dev "$dev" $parent handle 2: tbf rate "$rate" burst 64kb latency 20ms
     fi
 }
