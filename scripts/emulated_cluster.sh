@@ -57,8 +57,8 @@ shape() {
     if [ -n "$rate" ]; then
         # A burst of a few MTUs keeps the rate exact at the scale of a step; a queue of
         # 20 ms of traffic, like a switch port's, holds TCP's bursts without delaying every
-        # small message behind seconds of bulk transfers. This kernel has no fair-queueing
-        # qdisc (fq, fq_codel, sfq) to put under it: the queue is one FIFO.
+        # small message behind seconds of bulk transfers. One FIFO, not fair queueing by
+        # flow: the sandbox kernel this was written on has no fq, fq_codel or sfq qdisc.
         $tc qdisc add dev "$dev" $parent handle 2: tbf rate "$rate" burst 64kb latency 20ms
     fi
 }
