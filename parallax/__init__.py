@@ -18,6 +18,9 @@ from parallax.api import (get_runner, num_shards_and_shard_id, num_workers,  # n
 from parallax.config import CheckpointConfig, Config, ProfileConfig, PSConfig  # noqa: E402
 from parallax.errors import ParallaxError  # noqa: E402
 from parallax.partitioner import get_partitioner  # noqa: E402
+from parallax.session import install_chief_only_saves  # noqa: E402
+
+install_chief_only_saves()
 
 __all__ = ["get_runner", "shard", "num_workers", "num_shards_and_shard_id", "get_partitioner",
            "Config", "PSConfig", "CheckpointConfig", "ProfileConfig", "ParallaxError"]

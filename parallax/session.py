@@ -2,6 +2,8 @@
 were written against the original graph (objects or names, nested as Session.run takes them)."""
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import signal
 import sys
@@ -253,6 +255,29 @@ class ParallaxRunner(SessionInterface):
                 f"{what} {item!r} does not belong to the graph given to get_runner; build "
                 "fetches and feeds in that graph (or pass their names).")
         return item
+
+
+def install_chief_only_saves() -> None:
+    """Saver.save(runner, path) on a worker other than the chief writes no file: the chief
+    writes the checkpoint, its state file and its meta graph; the others' state files and meta
+    graphs would be written at once into one shared folder, or into a folder of their own
+    machine that need not exist (their run of the save writes no data: ParallaxRunner.run).
+    Idempotent (importing parallax calls it)."""
+    save = tf.compat.v1.train.Saver.save
+    if getattr(save, "parallax_chief_only", False):
+        return
+    signature = inspect.signature(save)
+
+    @functools.wraps(save)
+    def chief_only_save(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        session = call.arguments["sess"]
+        if isinstance(session, ParallaxRunner) and not session.is_chief:
+            call.arguments.update(write_meta_graph=False, write_state=False)
+        return save(*call.args, **call.kwargs)
+
+    chief_only_save.parallax_chief_only = True
+    tf.compat.v1.train.Saver.save = chief_only_save
 
 
 def _is_checkpoint_save(element) -> bool:

@@ -95,14 +95,18 @@ def test_a_saver_saves_through_the_chief_only_and_restores_on_every_worker(runne
         chief_saver = tf.compat.v1.train.Saver()
     with runner.graph.as_default():
         saver = tf.compat.v1.train.Saver()
-    # The other worker's save returns the path and writes no checkpoint data...
+    # The other worker's save returns the path and writes no file: no data, no state file, no
+    # meta graph (on its own machine the folder need not exist; a shared one is the chief's)...
     assert saver.save(runner, str(tmp_path / "model"), global_step=1) == str(
         tmp_path / "model-1")
-    assert not list(tmp_path.glob("model-1.data*"))
+    assert saver.save(runner, str(tmp_path / "new" / "model.ckpt")) == str(
+        tmp_path / "new" / "model.ckpt")
+    assert not list(tmp_path.iterdir())
     # ...the chief's writes it, and every worker restores it.
     chief.run(t["train"], {t["x"]: [1.0, 2.0]})
     path = chief_saver.save(chief, str(tmp_path / "model"), global_step=1)
     assert list(tmp_path.glob("model-1.data*"))
+    assert (tmp_path / "checkpoint").exists() and (tmp_path / "model-1.meta").exists()
     saver.restore(runner, path)
     np.testing.assert_allclose(runner.run(runner.tensors["w"]), [0.7, 0.4])
     chief.close()
