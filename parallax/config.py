@@ -166,6 +166,15 @@ class Config:
                 f"unknown run_option {self.run_option!r}: use one of {sorted(RUN_OPTIONS)} "
                 "('MPI' is the paper's name for 'AR')")
         self.run_option = RUN_OPTIONS[option]
+        if not self.sync and self.run_option in ("AUTO", "AR"):
+            # AUTO may choose no server at all (allreduce, allgather), which depends on the
+            # links the driver measures: refused whatever it would choose.
+            raise ValueError(
+                f"sync=False trains the variables on parameter servers asynchronously, and "
+                f"run_option={self.run_option!r} "
+                + ("has none" if self.run_option == "AR" else
+                   "chooses synchronous methods too (allreduce, allgather)")
+                + ": use run_option='HYBRID' or 'PS', or train synchronously")
         if not self.heartbeat_timeout_secs > 0 or not self.stall_timeout_secs > 0:
             raise ValueError("heartbeat_timeout_secs and stall_timeout_secs must be positive")
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:

@@ -113,8 +113,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     elif run_option == "AR":
         raise ParallaxError(
             "sync=False: asynchronous training updates variables on parameter servers, and "
-            "this plan has none (run_option AR, or HYBRID/AUTO for a model without sparse "
-            "gradients); use run_option='PS', or train synchronously")
+            "this plan has none (HYBRID, for a model without sparse gradients); use "
+            "run_option='PS', or train synchronously")
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
                 config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
                 analysis.batch_moments if config.sync_batch_norm else [],

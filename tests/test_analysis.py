@@ -121,6 +121,15 @@ def test_unknown_run_option_names_the_choices():
     assert parallax.Config(run_option="mpi").run_option == "AR"
 
 
+def test_asynchronous_training_needs_a_run_option_with_servers():
+    """Refused before any measurement: under AUTO it would otherwise depend on whether the
+    links the driver measures make the model choose a server."""
+    for option in ("AUTO", "AR", "mpi"):
+        with pytest.raises(ValueError, match=r"sync=False .*use run_option='HYBRID' or 'PS'"):
+            parallax.Config(run_option=option, sync=False)
+    assert not parallax.Config(run_option="HYBRID", sync=False).sync
+
+
 def test_a_variables_update_is_its_optimizers_ops_after_its_gradient_and_its_slots():
     """Adam after a clipping by the global norm: a variable's update is its own and its
     slots' ops and its gradient's scaling, not the global norm (every variable's) nor the
