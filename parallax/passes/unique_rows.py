@@ -6,6 +6,8 @@ of a batch's ids repeat (a few words are most of the text). The result is the sa
 the gradient (recorded from the original lookup) does not change."""
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from parallax.passes.rewire import reroute
@@ -21,7 +23,8 @@ def gather_unique_rows(graph: tf.Graph, plan: Plan) -> tf.Graph:
     for lookup in lookups:
         rows, ids = lookup.outputs[0], lookup.inputs[1]
         consumers = list(rows.consumers())
-        with graph.as_default(), tf.name_scope(f"parallax_unique_rows/{lookup.name}"):
+        with graph.as_default(), _control_flow_context_of(lookup), \
+                tf.name_scope(f"parallax_unique_rows/{lookup.name}"):
             with tf.device(ids.op.device):
                 unique_ids, positions = tf.unique(tf.reshape(ids, [-1]))
             with tf.device(lookup.device):
@@ -35,3 +38,16 @@ def gather_unique_rows(graph: tf.Graph, plan: Plan) -> tf.Graph:
         expanded.set_shape(rows.shape)
         reroute(rows, expanded, consumers)
     return graph
+
+
+@contextlib.contextmanager
+def _control_flow_context_of(op: tf.Operation):
+    """New ops built in `op`'s tf.compat.v1 control-flow context (a lookup in a while loop's
+    body, one id per time step): outside of it they could not take its tensors."""
+    graph = op.graph
+    outer = graph._get_control_flow_context()  # pylint: disable=protected-access
+    graph._set_control_flow_context(op._get_control_flow_context())  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        graph._set_control_flow_context(outer)  # pylint: disable=protected-access

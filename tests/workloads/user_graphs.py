@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 from tensorflow.python.training import moving_averages  # as TF1 batch-norm code does
 
 import parallax
@@ -409,10 +410,48 @@ def batchnorm():
     return inputs, loop
 
 
+def rnn_loop():
+    """A recurrent net written by hand in TF1 control flow, as seq2seq decoders were: each turn
+    of a tf.compat.v1.while_loop looks up one time step's ids, so the table's rows are gathered
+    inside the loop and its gradient (IndexedSlices) comes out of the loop's frames; RMSProp."""
+    inputs = _inputs()
+    control_flow_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    tf.compat.v1.disable_control_flow_v2()  # for this graph only (the tests build others)
+    try:
+        with tf.compat.v1.variable_scope("rnn"):
+            embedding = tf.compat.v1.get_variable("emb", [VOCAB, EMBED],
+                                                  initializer=_initial([VOCAB, EMBED], 1))
+            recurrent = tf.compat.v1.get_variable("recurrent", [EMBED, EMBED],
+                                                  initializer=_initial([EMBED, EMBED], 2))
+            readout = tf.compat.v1.get_variable("readout", [EMBED, CLASSES],
+                                                initializer=_initial([EMBED, CLASSES], 3))
+        time_major = tf.transpose(inputs["ids"])
+
+        def turn(t, state):
+            looked_up = tf.nn.embedding_lookup(embedding, time_major[t])
+            return t + 1, tf.tanh(looked_up + tf.matmul(state, recurrent))
+
+        _, final = tf.compat.v1.while_loop(
+            lambda t, _: t < IDS, turn,
+            [tf.constant(0), tf.zeros([tf.shape(time_major)[1], EMBED])])
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = tf.compat.v1.train.RMSPropOptimizer(0.05).minimize(
+            _cross_entropy(inputs, tf.matmul(final, readout)), global_step=global_step)
+    finally:
+        if control_flow_v2:
+            tf.compat.v1.enable_control_flow_v2()
+    step_after = _read_after(train_op, global_step)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
           "references": references, "cond": cond, "schedule": schedule, "restore": restore,
           "gradient_norms": gradient_norms, "ps_pins": ps_pins,
-          "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm}
+          "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm,
+          "rnn_loop": rnn_loop}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm}
 
