@@ -164,9 +164,9 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
         alone = timed.alone
         cores = os.cpu_count() or 1  # the workers' machines taken to be like this one
         compute = cost.shared_compute(alone, timed.cpu, shape.workers_per_machine, cores)
-        note += (f"; one worker's step alone {1000 * alone:.0f} ms "
-                 f"({1000 * timed.cpu:.0f} ms of CPU), {shape.workers_per_machine} sharing "
-                 f"{cores} cores {1000 * compute:.0f} ms")
+        note += (f"; one worker's step alone {_ms(alone)} "
+                 f"({_ms(timed.cpu)} of CPU), {shape.workers_per_machine} sharing "
+                 f"{cores} cores {_ms(compute)}")
         off, held = cost.server_updates(chosen, stats, shape)
         if off:
             note += (f", of which the servers' updates take {off:.0%} (the busiest "
@@ -175,8 +175,8 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
         note += f"; compute not measured ({compute_problem})"
     step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0, alone=alone,
                           hierarchical_allreduce=staged)
-    note += (f"; predicted step {1000 * step:.0f} ms" if timed
-             else f"; predicted communication {1000 * step:.0f} ms a step")
+    note += (f"; predicted step {_ms(step)}" if timed
+             else f"; predicted communication {_ms(step)} a step")
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, alone, dataclasses.asdict(links), step, partitions, staged,
                     [[name, count] for name, count in splits.items()], run_option)
@@ -205,6 +205,12 @@ def _decision_by_rule(graph, analysis, run_option, split, shape, problem) -> Dec
     note = f"{_rule_name(run_option)}: {problem}" + _splits_note(splits, whole)
     return Decision(methods, {}, note, splits=[[n, k] for n, k in splits.items()],
                     run_option=run_option)
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to two significant digits below 10 (a small model's step is 0.4 ms)."""
+    milliseconds = 1000 * seconds
+    return f"{milliseconds:.2g} ms" if milliseconds < 10 else f"{milliseconds:.0f} ms"
 
 
 def _rate(bytes_per_second: float) -> str:

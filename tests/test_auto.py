@@ -1,4 +1,5 @@
 """run_option='AUTO' in the driver: the probe of the input and the decision it leads to."""
+import re
 import threading
 
 import numpy as np
@@ -216,6 +217,14 @@ def test_a_queue_based_input_is_read_with_its_queue_runners_started_and_stopped(
     assert sum(s.rows for name, s in stats.items() if name.startswith("table")) == 64
     assert decision.compute is not None and "one worker's step alone" in decision.note
     assert not [t for t in threading.enumerate() if t.name.startswith("QueueRunnerThread")]
+    # A step this small (well under a millisecond) is not said to take "0 ms".
+    alone = re.search(r"step alone ([\d.e-]+) ms", decision.note).group(1)
+    assert float(alone) > 0, decision.note
+
+
+def test_milliseconds_keep_two_digits_below_ten():
+    assert [auto._ms(s) for s in (0.00043, 0.0032, 0.0123, 0.1234)] == [
+        "0.43 ms", "3.2 ms", "12 ms", "123 ms"]
 
 
 def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monkeypatch):
