@@ -257,8 +257,12 @@ def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, w
     (split_variables.splittable_in_turn) and the plan is chosen again without the others.
     `choose` plans with extra shard counts; `whole_plan` is the plan without splits."""
     counts, whole = _splittable_counts(graph, analysis, groups, off_servers, shape)
-    if split:
-        counts = {name: range(shape.machines, shape.machines + 1) for name in counts}
+    if split:  # those the plan puts on a server; the others keep the method chosen for them
+        elsewhere = {name: whole_plan[0][name].how for name in counts
+                     if whole_plan[0][name].how != cost.PS}
+        whole.update({name: f"not on a server: {how}" for name, how in elsewhere.items()})
+        counts = {name: range(shape.machines, shape.machines + 1) for name in counts
+                  if name not in elsewhere}
     splits = {}
     while counts:  # each round keeps whole one more variable at least, or ends
         with_splits = choose(counts)

@@ -112,6 +112,17 @@ def test_split_variables_true_splits_without_measurements_and_false_never():
     assert decide(graph, analyze(graph), TWO_BY_TWO, split=False).splits == []
 
 
+def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_methods():
+    """A small table every batch reads most of: AUTO allreduces it; asked to split the
+    variables on servers, it keeps it so, rather than moving it to servers to split it."""
+    graph = _graph(vocab=20, ids_per_batch=32)
+    links = cost.Links(bandwidth=2.6e9, latency=14e-6)  # loopback, as measured here
+    chosen = decide(graph, analyze(graph), [1, 1], links)
+    split = decide(graph, analyze(graph), [1, 1], links, split=True)
+    assert chosen.methods["table"]["how"] == split.methods["table"]["how"] == cost.ALLREDUCE
+    assert split.splits == [] and "kept whole: table (not on a server: allreduce)" in split.note
+
+
 def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     with graph.as_default():  # read in a loop (an evaluation): not split
