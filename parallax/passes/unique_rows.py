@@ -44,10 +44,11 @@ def gather_unique_rows(graph: tf.Graph, plan: Plan) -> tf.Graph:
 def _control_flow_context_of(op: tf.Operation):
     """New ops built in `op`'s tf.compat.v1 control-flow context (a lookup in a while loop's
     body, one id per time step): outside of it they could not take its tensors."""
+    # pylint: disable=protected-access
     graph = op.graph
-    outer = graph._get_control_flow_context()  # pylint: disable=protected-access
-    graph._set_control_flow_context(op._get_control_flow_context())  # pylint: disable=protected-access
+    outer = graph._get_control_flow_context()
+    graph._set_control_flow_context(op._get_control_flow_context())
     try:
         yield
     finally:
-        graph._set_control_flow_context(outer)  # pylint: disable=protected-access
+        graph._set_control_flow_context(outer)
