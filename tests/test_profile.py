@@ -69,7 +69,6 @@ def test_a_traced_step_gives_when_each_gradient_is_ready_and_each_updates_share(
     assert update == pytest.approx({"w": 0.2 * 2 / 3, "b": 0.2 / 3})
 
 
-
 _TRACED_TWICE = """
 import sys
 import tensorflow as tf
