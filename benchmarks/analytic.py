@@ -14,8 +14,8 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from parallax import cost  # noqa: E402  (the formulas themselves)
-from parallax.cost import ALLGATHER, ALLREDUCE, PS  # noqa: E402,F401  (names for the harness)
+from parallax.planning import cost  # noqa: E402  (the formulas themselves)
+from parallax.planning.cost import ALLGATHER, ALLREDUCE, PS  # noqa: E402,F401  (names for the harness)
 
 SEGMENT, HEADERS = 1448, 66
 

@@ -15,9 +15,9 @@ from workloads import WORKLOADS, session_config
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Importing parallax makes autodiff record the gradients.
-from parallax.analysis import (analyze, gradient_sources,  # noqa: E402
+from parallax.planning.analysis import (analyze, gradient_sources,  # noqa: E402
                                update_ops_by_variable)
-from parallax.profile import step_shares  # noqa: E402
+from parallax.planning.traces import step_shares  # noqa: E402
 
 
 def main():

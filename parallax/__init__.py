@@ -18,7 +18,7 @@ from parallax.api import (get_runner, num_shards_and_shard_id, num_workers,  # n
 from parallax.config import CheckpointConfig, Config, ProfileConfig, PSConfig  # noqa: E402
 from parallax.errors import ParallaxError  # noqa: E402
 from parallax.partitioner import get_partitioner  # noqa: E402
-from parallax.session import install_chief_only_saves  # noqa: E402
+from parallax.runtime.session import install_chief_only_saves  # noqa: E402
 
 install_chief_only_saves()
 

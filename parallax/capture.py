@@ -2,8 +2,9 @@
 
 Every graph-mode gradient in TensorFlow — `tf.compat.v1.gradients`, `tf.gradients` in a graph,
 and `Optimizer.compute_gradients` (hence `minimize` and every subclass) — is computed by
-`gradients_util._GradientsHelper`, which its callers look up on the module at call time. Wrapping
-that one function sees every gradient before user code can clip or scale it.
+TensorFlow's `_GradientsHelper` (tf_private.gradients_helper), which its callers look up on its
+module at call time. Wrapping that one function sees every gradient before user code can clip or
+scale it.
 
 The record is a graph collection of JSON strings, so it travels with the graph through
 MetaGraphDef export and import; Python-side state would not. The gradient of a batch mean is
@@ -18,9 +19,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import func_graph, ops, tensor_util
-from tensorflow.python.ops import gradients_util
-from tensorflow.python.ops import resource_variable_ops
+
+from parallax import tf_private
 
 GRADIENTS_COLLECTION = "parallax_gradients"
 STATISTIC_GRADIENTS_COLLECTION = "parallax_statistic_gradients"  # see _recording_mean_gradient
@@ -72,7 +72,7 @@ def read_records(graph: tf.Graph) -> List[GradientRecord]:
 
 def _variable_op_name(x) -> Optional[str]:
     """The variable op behind a gradient source, or None when `x` is not a variable."""
-    if resource_variable_ops.is_resource_variable(x) or isinstance(x, tf.Variable):
+    if tf_private.is_resource_variable(x) or isinstance(x, tf.Variable):
         return x.op.name
     op = getattr(x, "op", None)
     if op is not None and op.type in VARIABLE_OP_TYPES:
@@ -104,7 +104,7 @@ def _recording(gradients_helper):
         xs_list = list(xs) if isinstance(xs, (list, tuple)) else [xs]
         # Gradients inside function bodies (cond/while branches) are autodiff's own
         # intermediate steps, not a variable's gradient.
-        if not isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
+        if not tf.compat.v1.get_default_graph().building_function:
             _record(xs_list, grads)
         return grads
 
@@ -135,7 +135,7 @@ def batch_moments(graph: tf.Graph) -> List[Tuple[str, str]]:
 
 
 def _reduces_batch_axis(op: tf.Operation) -> bool:
-    axes = tensor_util.constant_value(op.inputs[1])
+    axes = tf.get_static_value(op.inputs[1])
     return axes is not None and 0 in np.atleast_1d(axes).tolist()
 
 
@@ -156,8 +156,9 @@ def _recording_mean_gradient(mean_gradient):
 
 def install() -> None:
     """Start recording gradients; idempotent (importing parallax calls it)."""
-    if not getattr(gradients_util._GradientsHelper, "parallax_recording", False):
-        gradients_util._GradientsHelper = _recording(gradients_util._GradientsHelper)
-    registered = ops._gradient_registry._registry["Mean"]  # pylint: disable=protected-access
-    if not getattr(registered["type"], "parallax_recording", False):
-        registered["type"] = _recording_mean_gradient(registered["type"])
+    helper = tf_private.gradients_helper()
+    if not getattr(helper, "parallax_recording", False):
+        tf_private.set_gradients_helper(_recording(helper))
+    mean_gradient = tf_private.registered_gradient("Mean")
+    if not getattr(mean_gradient, "parallax_recording", False):
+        tf_private.set_registered_gradient("Mean", _recording_mean_gradient(mean_gradient))

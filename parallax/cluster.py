@@ -1,14 +1,10 @@
 """The job's topology as one worker sees it: its id, the machines, the servers. The driver
-writes it into each process's environment; nothing here depends on TensorFlow."""
+writes it into each process's environment (parallax/contracts.py); nothing here depends on TensorFlow."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import List
-
-CLUSTER_ENV = "PARALLAX_CLUSTER"
-SERVER_INDEX_ENV = "PARALLAX_SERVER_INDEX"
 
 
 @dataclasses.dataclass
@@ -67,7 +63,3 @@ class Cluster:
     @classmethod
     def from_json(cls, text: str) -> "Cluster":
         return cls(**json.loads(text))
-
-    @classmethod
-    def from_env(cls) -> "Cluster":
-        return cls.from_json(os.environ[CLUSTER_ENV])

@@ -1,9 +1,10 @@
-"""Driver side: the user's `python my_script.py` becomes the driver, which starts one worker
-process per slot re-running the same command (and, for the PS path, one parameter server per
-machine), on this machine or over ssh, and leaves with the job's exit status.
+"""Launching the job the driver planned: one worker process per slot re-running the user's
+command (and, for the PS path, one parameter server per machine), on this machine or over ssh,
+supervised until the job ends; the driver leaves with the job's exit status.
 
-Each process learns its role and the cluster from the environment; `runner` does the process
-work. Remote hosts are assumed to have the same paths (script, interpreter, virtualenv).
+Each process learns its role, the cluster and the plan from its environment (contracts.py);
+`runner` does the process work. Remote hosts are assumed to have the same paths (script,
+interpreter, virtualenv).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import time
 import uuid
 from typing import Dict, List, NoReturn, Optional, Tuple
 
-from parallax.cluster import CLUSTER_ENV, SERVER_INDEX_ENV, Cluster
+from parallax import contracts
+from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
@@ -31,27 +33,17 @@ from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
 
 log = logging.getLogger("parallax")
-ROLE_ENV = "PARALLAX_ROLE"
 DRIVER_PREFIX = "[driver] "
 
 
-def role() -> str:
-    return os.environ.get(ROLE_ENV, "driver")
+def workers_per_machine(resources: str) -> List[int]:
+    return [len(host.slots) for host in load_resources(resources)]
 
 
-def worker_count_and_id() -> Tuple[int, int]:
-    """(number of workers, this worker's id); (1, 0) in a process that is not a worker."""
-    if role() != "worker":
-        return 1, 0
-    cluster = Cluster.from_env()
-    return cluster.num_workers, cluster.worker_id
-
-
-def probe_cluster(resources: str, config: Config
-                  ) -> Tuple[List[int], Optional[dict], Optional[dict]]:
-    """The workers of each machine, and what the link between the first two machines and the
-    one within the first machine give ({latency, bandwidth}; None between machines with one
-    machine, or for a probe that fails, which is logged)."""
+def probe_links(resources: str, config: Config) -> Tuple[Optional[dict], Optional[dict]]:
+    """What the link between the first two machines and the one within the first machine give
+    ({latency, bandwidth}; None between machines with one machine, or for a probe that fails,
+    which is logged)."""
     hosts = load_resources(resources)
     ssh = _ssh_config(config)
 
@@ -64,7 +56,7 @@ def probe_cluster(resources: str, config: Config
 
     first = hosts[0].name
     between = probe(first, hosts[1].name) if len(hosts) > 1 else None
-    return [len(host.slots) for host in hosts], between, probe(first, first)
+    return between, probe(first, first)
 
 
 def _ssh_config(config: Config) -> SSHConfig:
@@ -74,10 +66,10 @@ def _ssh_config(config: Config) -> SSHConfig:
         raise ParallaxError(str(error)) from None
 
 
-def run_driver(resources: str, config: Config, run_option: str, with_horovod: bool,
+def run_driver(resources: str, config: Config, with_servers: bool, with_horovod: bool,
                job_env: Dict[str, str]) -> NoReturn:
     """Run the job (again, up to config.max_restarts times, when it fails) and exit with its
-    status. `job_env` goes to every process of the job."""
+    status. `job_env` (the plan) goes to every process of the job."""
     hosts = load_resources(resources)
     remote = [h for h in hosts if not is_local(h.name)]
     if remote and len(remote) < len(hosts):
@@ -90,7 +82,7 @@ def run_driver(resources: str, config: Config, run_option: str, with_horovod: bo
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(config.max_restarts + 1):
         try:
-            _run_job(hosts, address, config, ssh, run_option, with_horovod, attempt, job_env)
+            _run_job(hosts, address, config, ssh, with_servers, with_horovod, attempt, job_env)
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == config.max_restarts:
@@ -125,11 +117,10 @@ def _exit(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _run_job(hosts, address, config: Config, ssh: SSHConfig, run_option: str,
+def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
              with_horovod: bool, attempt: int, job_env: Dict[str, str]) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
-    with_servers = run_option in ("PS", "HYBRID")
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
     ports = {}
     for host in hosts:
@@ -194,7 +185,7 @@ def _address_towards(host: Host) -> str:
 
 
 def _job_env(cluster: Cluster, role_name: str) -> Dict[str, str]:
-    env = {CLUSTER_ENV: cluster.to_env(), ROLE_ENV: role_name, "PYTHONUNBUFFERED": "1"}
+    env = {**contracts.process_env(role_name, cluster), "PYTHONUNBUFFERED": "1"}
     if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         env["TF_CPP_MIN_LOG_LEVEL"] = "1"
     return env
@@ -209,8 +200,9 @@ def _spec(name, host, argv, env, config, ssh, service=False) -> ProcessSpec:
 
 def _server_spec(index: int, host: str, cluster: Cluster, config: Config, ssh) -> ProcessSpec:
     env = _job_env(cluster, "server")
-    env.update({SERVER_INDEX_ENV: str(index), "CUDA_VISIBLE_DEVICES": ""})
-    return _spec(f"{host}:server:{index}", host, [sys.executable, "-m", "parallax.server"],
+    env.update({**contracts.server_env(index), "CUDA_VISIBLE_DEVICES": ""})
+    return _spec(f"{host}:server:{index}", host,
+                 [sys.executable, "-m", "parallax.runtime.server"],
                  env, config, ssh, service=True)
 
 

@@ -4,22 +4,21 @@ parameter server, a shard each), whose number the cost model chooses when
 
 TensorFlow calls a partitioner with the variable's shape, not its name, so the calls are told
 apart by their order in the graph, which the driver and every worker build alike: the driver
-records which variable each call made (`partitioned_variables`), the decision (auto.py) gives
-each call its count, and a worker's call reads its count from the decision in its environment.
+records which variable each call made (`partitioned_variables`), the plan (planning/search.py)
+gives each call its count, and a worker's call reads its count from its environment
+(contracts.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from typing import Dict, List
+from typing import List
 
 import tensorflow as tf
 
+from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 
 CALLS_COLLECTION = "parallax_partitioner_calls"  # one _Call per call, in the order made
-DECISION_ENV = "PARALLAX_AUTO"  # auto.Decision, whose `partitions` are read here
 
 
 def shard_name(variable: str, j: int) -> str:
@@ -59,20 +58,12 @@ def get_partitioner(min_partitions: int = 1):
     def partitioner(shape, dtype):  # pylint: disable=unused-argument
         graph = tf.compat.v1.get_default_graph()
         calls = graph.get_collection_ref(CALLS_COLLECTION)
-        count = _decided_counts().get(len(calls), min_partitions)
+        count = contracts.read_partition_counts().get(len(calls), min_partitions)
         calls.append(_Call(len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)),
                            min_partitions))
         return [max(1, min(count, shape[0]))] + [1] * (len(shape) - 1)
 
     return partitioner
-
-
-def _decided_counts() -> Dict[int, int]:
-    """The driver's counts by call, in a worker of a job that searched partitions."""
-    if DECISION_ENV not in os.environ:
-        return {}
-    return {call: count for call, _, count in json.loads(os.environ[DECISION_ENV]).get(
-        "partitions", [])}
 
 
 def partitioned_variables(graph: tf.Graph) -> List[Partitioned]:
@@ -81,7 +72,7 @@ def partitioned_variables(graph: tf.Graph) -> List[Partitioned]:
     made = []
     for call in graph.get_collection(CALLS_COLLECTION):
         first = variables[call.first_variable] if call.first_variable < len(variables) else None
-        info = getattr(first, "_save_slice_info", None)
+        info = tf_private.save_slice_info(first) if first is not None else None
         if info is None:
             raise ParallaxError(
                 "a partitioner of parallax.get_partitioner made no new variable in "
@@ -92,8 +83,8 @@ def partitioned_variables(graph: tf.Graph) -> List[Partitioned]:
                 "GLOBAL_VARIABLES)")
         made.append(Partitioned(info.full_name, [
             v.op.name for v in variables
-            if getattr(v, "_save_slice_info", None) is not None
-            and v._save_slice_info.full_name == info.full_name], call.min_partitions))
+            if tf_private.save_slice_info(v) is not None
+            and tf_private.save_slice_info(v).full_name == info.full_name], call.min_partitions))
     return made
 
 

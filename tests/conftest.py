@@ -1,4 +1,5 @@
 """Shared helpers: jobs are started as a user starts them, `python script.py`, in a subprocess."""
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -29,3 +30,63 @@ def load_workload(name):
 def graph_mode():
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
+
+
+
+
+class ProcessStartedOutsideAJob(AssertionError):
+    """Raised where a test not marked job starts a process (an AssertionError, which code under
+    test that catches OSError or RuntimeError around its launches lets through)."""
+
+
+_PROCESS_STARTERS = [  # (module, attribute): the ways this interpreter starts a process
+    ("subprocess", "Popen.__init__"),  # subprocess.run and check_output, os.popen, asyncio
+    ("_posixsubprocess", "fork_exec"),  # multiprocessing's spawn and forkserver
+    ("os", "fork"), ("os", "forkpty"), ("os", "posix_spawn"), ("os", "posix_spawnp"),
+    ("os", "system"),  # os.spawn* and pty.fork go through os.fork and os.forkpty
+    ("multiprocessing.process", "BaseProcess.start"),  # Pool, ProcessPoolExecutor
+]
+_NO_PROCESS_MESSAGE = "this test starts a process: mark it @pytest.mark.job"
+_ATTEMPTS = pytest.StashKey[list]()
+
+
+@pytest.fixture(autouse=True)
+def no_processes_outside_job_tests(request):
+    """The fast tier (-m "not job") runs in this process alone: a test not marked job that
+    starts a process fails, also where the code under test swallows the error (see
+    pytest_runtest_makereport). A module or session fixture is set up before this one: what it
+    starts is not caught."""
+    if request.node.get_closest_marker("job") is not None:
+        yield
+        return
+    attempts = request.node.stash.setdefault(_ATTEMPTS, [])
+
+    def refuse(what):
+        def starter(*args, **kwargs):
+            attempts.append(what)
+            raise ProcessStartedOutsideAJob(
+                f"{_NO_PROCESS_MESSAGE} ({what} in {request.node.nodeid})")
+        return starter
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module_name, attribute in _PROCESS_STARTERS:
+            owner = importlib.import_module(module_name)
+            *path, name = attribute.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            if hasattr(owner, name):
+                patch.setattr(owner, name, refuse(f"{module_name}.{attribute}"))
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A phase that tried to start a process and passed (the error was caught) fails."""
+    outcome = yield
+    report = outcome.get_result()
+    attempts = item.stash.get(_ATTEMPTS, [])
+    if attempts and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: {_NO_PROCESS_MESSAGE}: it called "
+                           f"{', '.join(sorted(set(attempts)))} and caught the error")
+    attempts.clear()

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.analysis import (analyze, downstream_ops, gradient_sources, update_ops_by_variable,
+from parallax.planning.analysis import (analyze, downstream_ops, gradient_sources, update_ops_by_variable,
                                upstream_ops)
 
 

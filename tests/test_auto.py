@@ -1,4 +1,5 @@
 """run_option='AUTO' in the driver: the probe of the input and the decision it leads to."""
+import dataclasses
 import re
 import threading
 
@@ -7,17 +8,20 @@ import pytest
 import tensorflow as tf
 
 import parallax  # noqa: F401  (records gradients)
-from parallax import auto, cost
-from parallax.analysis import analyze
-from parallax.auto import Decision, decide
+from parallax import contracts
+from parallax.planning import cost, measure, search as auto
+from parallax.planning.analysis import analyze
+from parallax.planning.search import Decision, decide
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.graph_copy import copy_graph
-from parallax.passes.split_variables import split_variables
-from parallax.plan import describe, make_plan, validate
+from parallax.rewriting.split_variables import split_variables
+from parallax.planning.describe import describe
+from parallax.planning.plan import Plan, make_plan
 
 TWO_BY_TWO = [2, 2]  # workers of each machine
+TWO_MACHINES = Cluster([0, 0, 1, 1], ["server 0", "server 1"])  # the driver's plan's
 
 
 def _graph(vocab, ids_per_batch, feed=False, zipf=False, device=None):
@@ -163,7 +167,7 @@ def _copied_tables(feed: bool) -> tf.Graph:
 @pytest.mark.parametrize("feed,split", [(False, None), (False, True), (True, True)],
                          ids=["measured", "split-measured", "split-by-rule"])
 def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, split):
-    """As a later graph splits them (api._split_copy): the driver keeps the larger table split
+    """As a later graph splits them (split_variables.copy_and_split): the driver keeps the larger table split
     and the other whole, saying why, where it kept both whole."""
     graph = _copied_tables(feed)
     decision = decide(graph, analyze(graph), TWO_BY_TWO, split=split)
@@ -239,7 +243,7 @@ def test_milliseconds_keep_two_digits_below_ten():
 
 
 def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monkeypatch):
-    monkeypatch.setattr(auto, "PROBE_RUN_SECONDS", 1)
+    monkeypatch.setattr(measure, "PROBE_RUN_SECONDS", 1)
     graph = _queue_graph(fill_queue=False)
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
@@ -250,7 +254,7 @@ def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monk
 def test_the_variables_the_probe_would_allocate_count_optimizer_slots():
     graph = _graph(vocab=1000, ids_per_batch=10)
     # the table and w, each with Adam's two slots, and Adam's two beta powers
-    assert auto.variables_bytes(graph) == 3 * 4 * (1000 * 64 + 64) + 2 * 4
+    assert measure.variables_bytes(graph) == 3 * 4 * (1000 * 64 + 64) + 2 * 4
 
 
 def test_a_model_larger_than_the_drivers_free_memory_is_not_probed_and_says_why():
@@ -279,10 +283,11 @@ def test_a_table_whose_moving_average_the_gradients_wait_for_stays_off_the_serve
     graph = _ema_before_gradients_graph()
     analysis = analyze(graph)
     with pytest.raises(ParallaxError, match="the gradients are computed after it"):
-        validate(analysis, Config(run_option="HYBRID"))  # in the driver, before any launch
+        # in the driver, before any launch
+        make_plan(analysis, Config(run_option="HYBRID"), TWO_MACHINES)
     decision = decide(graph, analysis, TWO_BY_TWO)
     assert decision.methods["table"]["how"] != cost.PS
-    validate(analysis, Config(run_option="AUTO"), decision)
+    make_plan(analysis, Config(run_option="AUTO"), TWO_MACHINES, decision=decision)
 
 
 def test_an_update_inside_tf_cond_is_not_timed_and_says_why():
@@ -387,12 +392,35 @@ def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predi
     assert int(table_cells[-1].rstrip("%")) > 25
 
 
-def test_a_decision_reaches_the_workers_whole(monkeypatch):
-    decision = Decision({"table": {"how": cost.PS, "server": 1}}, {}, "why",
-                        partitions=[[0, "table", 2]], machine_stages=True)
-    for name, value in decision.to_env().items():
+def test_the_drivers_plan_reaches_the_workers_whole(monkeypatch):
+    """The plan is made once, by the driver: a worker reads it from its environment and binds
+    it to its own analysis and identity, and has every field the driver's had."""
+    graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
+    analysis = analyze(graph)
+    decision = decide(graph, analysis, TWO_BY_TWO)
+    plan = make_plan(analysis, Config(run_option="AUTO"), TWO_MACHINES, decision=decision)
+    assert isinstance(plan.decision, Decision)
+    for name, value in contracts.plan_env(plan.to_text(), [[0, "table", 2]]).items():
         monkeypatch.setenv(name, value)
-    assert Decision.from_env() == decision
+    assert contracts.read_partition_counts() == {0: 2}
+    identity = Cluster([0, 0, 1, 1], ["h1:7", "h2:7"], ["h1:8", "h1:9", "h2:8", "h2:9"], 3)
+    received = Plan.from_text(contracts.read_plan_text()).bind(analyze(graph), identity)
+    assert received.to_text() == plan.to_text() and received.cluster == identity
+    assert dataclasses.replace(received, decision=None, cluster=None) == dataclasses.replace(
+        plan, decision=None, cluster=None)
+    assert received.decision.variable_stats() == plan.decision.variable_stats()
+    assert received.variables["table"].variable.gradients  # the worker's own analysis
+
+
+def test_a_worker_whose_graph_is_not_the_planned_one_is_stopped():
+    graph = _graph(vocab=1000, ids_per_batch=10)
+    plan = make_plan(analyze(graph), Config(run_option="HYBRID"), TWO_MACHINES)
+    other = tf.Graph()
+    with other.as_default():
+        w = tf.compat.v1.get_variable("other", [3])
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(w))
+    with pytest.raises(ParallaxError, match="not the one the driver planned for"):
+        Plan.from_text(plan.to_text()).bind(analyze(other), TWO_MACHINES)
 
 
 def test_describe_shows_a_variable_the_driver_did_not_measure_without_figures():

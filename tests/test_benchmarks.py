@@ -176,6 +176,7 @@ def test_one_worker_alone_is_the_windows_of_its_runs_before_and_after_the_other_
     assert row["step_ms"] == pytest.approx(35) and row["runs_ms"] == pytest.approx([50, 30])
 
 
+@pytest.mark.job
 def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
     env = dict(os.environ, PARALLAX_BENCH_CLUSTER_DIR="/tmp/parallax-test-bench")
     result = subprocess.run(

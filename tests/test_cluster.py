@@ -12,6 +12,8 @@ from conftest import WORKLOADS, load_workload, run_job
 from emulated import (HOSTS, RESOURCES, assert_hosts_idle, cluster, namespace_pids,  # noqa: F401
                       processes, pytestmark, start, wait_for)
 
+pytestmark = [pytestmark, pytest.mark.job]
+
 equivalence = load_workload("equivalence")
 
 

@@ -63,6 +63,7 @@ def _leftovers():
             if "start_heartbeat" in " ".join(c.cmdline())]
 
 
+@pytest.mark.job
 def test_a_stopped_process_is_named_and_the_job_stopped():
     control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
     specs = [_spec(control, name, 1000, 1.0, "") for name in control.workers]
@@ -85,6 +86,7 @@ def test_a_stopped_process_is_named_and_the_job_stopped():
     assert _leftovers() == []
 
 
+@pytest.mark.job
 def test_workers_stuck_in_a_step_are_a_stall_naming_the_one_behind():
     control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"], stall=3.0)
     specs = [_spec(control, "h:worker:0", 5, 1.0, "stuck"),  # waits in step 6 for worker 1
@@ -104,12 +106,14 @@ def _marking(control, marks_at, then):
             for name, at in zip(control.workers, marks_at)]
 
 
+@pytest.mark.job
 def test_workers_that_mark_the_same_step_finish():
     control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
     run_processes(_marking(control, [2, 2], 0), watchdog=control.check)
     control.stop()
 
 
+@pytest.mark.job
 def test_a_mark_one_worker_made_and_another_passed_fails_the_job_at_its_end():
     """Horovod's habit of restoring in rank 0 alone: a job too short for a beat between the
     steps fails on the beats its workers send as they exit."""
@@ -123,6 +127,7 @@ def test_a_mark_one_worker_made_and_another_passed_fails_the_job_at_its_end():
     assert failure.value.exit_code == 124
 
 
+@pytest.mark.job
 def test_a_mark_one_worker_made_and_another_passed_stops_the_job_while_it_runs():
     control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
     started = time.monotonic()
@@ -158,6 +163,7 @@ def test_marks_are_compared_with_the_worker_that_made_them_most_often():
         control.stop()
 
 
+@pytest.mark.job
 def test_a_process_whose_driver_is_gone_stops_itself():
     control = _job(["h:server:0"], [], heartbeat=2.0)
     spec = _spec(control, "h:server:0", 0, 0.0, "")
@@ -172,6 +178,7 @@ def test_a_process_whose_driver_is_gone_stops_itself():
     assert "no answer from the driver" in stderr
 
 
+@pytest.mark.job
 def test_a_process_of_another_job_stops_itself():
     control = _job(["h:worker:0"], ["h:worker:0"])
     other = _job(["h:worker:0"], ["h:worker:0"])
@@ -186,6 +193,7 @@ def test_a_process_of_another_job_stops_itself():
     assert "not a process of this job" in child.stderr
 
 
+@pytest.mark.job
 def test_progress_is_the_global_step_and_scalars_averaged_over_workers():
     control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"])
     specs = [_spec(control, "h:worker:0", 10, 1.0, ""), _spec(control, "h:worker:1", 6, 3.0, "")]
@@ -208,6 +216,7 @@ def test_progress_is_the_global_step_and_scalars_averaged_over_workers():
         "step": 2, "step_seconds": 1.0, "loss": 1.5}
 
 
+@pytest.mark.job
 def test_a_closed_output_stops_the_job():
     def broken(_line):
         raise BrokenPipeError(32, "Broken pipe")
@@ -249,6 +258,7 @@ def test_horovod_shutdown_tracebacks_fold_into_one_line_others_stay_whole():
     assert shown + other.finish() == traceback + [b"ValueError: mine\n"]
 
 
+@pytest.mark.job
 def test_a_beating_process_can_fork():
     """grpc's fork support raced with its pollers (SIGABRT at start in about one process in
     five, as TensorFlow and subprocess fork): runner.control turns it off."""
@@ -265,6 +275,7 @@ def test_a_beating_process_can_fork():
     control.stop()
 
 
+@pytest.mark.job
 def test_the_progress_bar_and_metrics_file_follow_the_workers(tmp_path, capsys):
     control = _job(["h:worker:0", "h:worker:1"], ["h:worker:0", "h:worker:1"], heartbeat=1.0)
     metrics = tmp_path / "metrics.jsonl"
@@ -287,6 +298,7 @@ def test_the_progress_bar_and_metrics_file_follow_the_workers(tmp_path, capsys):
     assert (tmp_path / "progress.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.job
 def test_the_link_probe_between_two_loopback_machines():
     link = probe("127.0.0.1", "127.0.0.2", SSHConfig())
     assert link["bandwidth"] > 10e6 and 0 < link["latency"] < 0.01

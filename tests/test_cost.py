@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from parallax import cost
-from parallax.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Cluster, Links,
+from parallax.planning import cost
+from parallax.planning.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Cluster, Links,
                            Method, VariableStats, balance_by_bytes, choose,
                            choose_with_allreduce_form, compute_and_pushes, link_bytes,
                            link_phases, machine_stages_pay, server_updates, shared_compute,

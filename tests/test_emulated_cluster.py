@@ -4,10 +4,13 @@ import subprocess
 import time
 
 import psutil
+import pytest
 
 from emulated import cluster_script, namespace_pids, pytestmark  # noqa: F401
 from runner.link_probe import probe
 from runner.ssh import SSHConfig
+
+pytestmark = [pytestmark, pytest.mark.job]
 STATE = "/tmp/parallax-test-cycle"
 
 

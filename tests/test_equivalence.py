@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from conftest import WORKLOADS, load_workload, run_job
 
+pytestmark = pytest.mark.job
+
 equivalence = load_workload("equivalence")
 TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
 

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import REPO, run_job
 
+pytestmark = pytest.mark.job
+
 
 @pytest.mark.parametrize("example, steps", [
     ("linear_regression.py", 40), ("classifier.py", 100), ("word2vec.py", 200),

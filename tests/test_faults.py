@@ -16,6 +16,8 @@ from conftest import WORKLOADS
 from emulated import (HOSTS, RESOURCES, assert_hosts_idle, cluster,  # noqa: F401
                       namespace_pids, processes, pytestmark, start, wait_for)
 
+pytestmark = [pytestmark, pytest.mark.job]
+
 HEARTBEAT = 10.0  # Config.heartbeat_timeout_secs of these jobs
 SCRIPT = os.path.join(WORKLOADS, "supervised.py")
 TIMINGS = []

@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import WORKLOADS, run_job
-from parallax.graph_copy import GraphMap, copy_graph
+from parallax.graph_copy import copy_graph
+from parallax.rewriting.graph_map import GraphMap
 
 
 def _user_graph():
@@ -120,6 +122,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.job
 def test_files_a_script_writes_hold_the_single_device_graph(tmp_path):
     """HYBRID on two machines (Horovod's allreduce and parameter servers in the graph that
     runs): the FileWriter's graph, the Savers' meta graphs (one Saver built after

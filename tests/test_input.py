@@ -24,8 +24,8 @@ def test_input_that_cannot_be_sharded_is_refused_with_what_to_use():
 
 
 def test_fewer_files_than_workers_leave_a_worker_without_input(monkeypatch):
-    from parallax import launch
-    monkeypatch.setattr(launch, "worker_count_and_id", lambda: (4, 3))
+    from parallax import worker
+    monkeypatch.setattr(worker, "count_and_id", lambda: (4, 3))
     assert parallax.shard([f"part-{i}" for i in range(8)]) == ["part-3", "part-7"]
     with pytest.raises(parallax.ParallaxError, match="3 files for 4 workers leave worker 3 none"):
         parallax.shard(["a", "b", "c"])

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import REPO, WORKLOADS, run_job
 
+pytestmark = pytest.mark.job
+
 SCRIPT = os.path.join(WORKLOADS, "supervised.py")
 
 

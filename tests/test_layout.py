@@ -1,8 +1,101 @@
-"""runner/ starts and supervises processes and knows nothing about graphs."""
+"""The layout is the pipeline: imports point one way, from the public API down to the base.
+runner/ starts and supervises processes and knows nothing about graphs."""
+import ast
+import pathlib
 import subprocess
 import sys
 
+import pytest
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Lowest first: a module imports its own layer or lower ones, never a higher one.
+LAYERS = [
+    ("base", ["parallax.errors", "parallax.config", "parallax.cluster", "parallax.contracts",
+              "parallax.tf_private", "parallax.graph_copy"]),
+    ("capture", ["parallax.capture", "parallax.partitioner"]),
+    ("planning", ["parallax.planning"]),
+    ("rewriting", ["parallax.rewriting"]),
+    ("runtime", ["parallax.runtime"]),
+    ("entry points", ["parallax.launch", "parallax.driver", "parallax.worker"]),
+    ("public API", ["parallax.api", "parallax"]),
+]
+
+
+def _layer(module: str) -> int:
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS)
+               for prefix in prefixes if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} belongs to no layer: add it to LAYERS"
+    return max(matches)[1]
+
+
+def _modules():
+    for path in sorted((ROOT / "parallax").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+def _imports(module: str, path: pathlib.Path):
+    """The parallax modules `module` imports, anywhere in it (a function's imports too)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                     for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                yield name
+
+
+MODULES = dict(_modules())
+EDGES = {module: set(_imports(module, path)) for module, path in MODULES.items()}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_the_pipeline(module):
+    upward = [(target, LAYERS[_layer(target)][0]) for target in sorted(EDGES[module])
+              if _layer(target) > _layer(module)]
+    assert not upward, (f"{module} ({LAYERS[_layer(module)][0]}) imports from a later stage: "
+                        f"{upward}")
+
+
+def test_the_import_graph_has_no_cycles():
+    done, visiting = set(), []
+
+    def visit(module):
+        if module in visiting:
+            cycle = visiting[visiting.index(module):] + [module]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        visiting.append(module)
+        for target in sorted(EDGES[module]):
+            if target != "parallax":  # a package's own __init__ is imported with it
+                visit(target)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(MODULES):
+        visit(module)
+
+
+def test_planning_never_imports_rewriting_or_runtime():
+    for module, targets in EDGES.items():
+        if module.startswith("parallax.planning"):
+            assert not [t for t in targets if t.startswith(("parallax.rewriting",
+                                                            "parallax.runtime"))], module
+
+
+@pytest.mark.job
 def test_runner_imports_no_tensorflow_and_no_parallax():
     code = ("import sys, runner, runner.ssh, runner.remote_exec, runner.free_ports; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -5,12 +5,12 @@ import pytest
 
 import parallax
 from conftest import load_workload
-from parallax import cost
-from parallax.analysis import analyze
-from parallax.auto import Decision
+from parallax.planning import cost
+from parallax.planning.analysis import analyze
+from parallax.planning.search import Decision
 from parallax.cluster import Cluster
-from parallax.passes import transform
-from parallax.plan import make_plan
+from parallax.rewriting.pipeline import transform
+from parallax.planning.plan import make_plan
 
 equivalence = load_workload("equivalence")
 

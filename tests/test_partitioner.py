@@ -1,20 +1,21 @@
 """parallax.get_partitioner: min_partitions outside a job; the driver's cost model picks the
 count under search_partitions, workers read it, and a worker building another graph is stopped."""
-import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import parallax
-from parallax import cost
-from parallax.analysis import analyze
-from parallax.auto import decide
+from parallax.planning import cost
+from parallax.planning.analysis import analyze
+from parallax.planning.search import decide
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
-from parallax.partitioner import DECISION_ENV, check_counts, partitioned_variables
-from parallax.plan import Sync, describe, make_plan
+from parallax import contracts
+from parallax.partitioner import check_counts, partitioned_variables
+from parallax.planning.describe import describe
+from parallax.planning.plan import Sync, make_plan
 
 
 def _graph(min_partitions=1, vocab=100_000, name="table"):
@@ -52,7 +53,8 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
     # Each shard's statistics are half the table's: describe() finds every variable.
     assert decision.variable_stats()["table/part_1"].nbytes == 100_000 * 256 // 2
 
-    monkeypatch.setenv(DECISION_ENV, json.dumps(decision.__dict__))
+    for name, value in contracts.plan_env("", decision.partitions).items():
+        monkeypatch.setenv(name, value)
     worker_graph = _graph()
     assert len(partitioned_variables(worker_graph)[0].shards) == 2
     check_counts(worker_graph, decision.partitions)
@@ -77,7 +79,8 @@ def test_a_run_options_rule_is_kept_and_small_tables_stay_whole():
 def test_a_worker_whose_graph_differs_from_the_drivers_is_stopped(monkeypatch):
     graph = _graph()
     decision = decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
-    monkeypatch.setenv(DECISION_ENV, json.dumps(decision.__dict__))
+    for name, value in contracts.plan_env("", decision.partitions).items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(ParallaxError, match="call 0 made 'other' in 2 shards in this worker, "
                                             "but 'table' in 2 in the driver"):
         check_counts(_graph(name="other"), decision.partitions)

@@ -7,6 +7,8 @@ import pytest
 
 from runner.process import JobFailed, ProcessSpec, run_processes
 
+pytestmark = pytest.mark.job
+
 
 def test_a_job_past_its_timeout_is_stopped_whole():
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]

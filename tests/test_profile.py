@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
-from parallax.analysis import GradientSources
-from parallax.profile import phase_seconds, step_shares
+from parallax.planning.analysis import GradientSources
+from parallax.planning.traces import step_shares
+from parallax.runtime.profile import phase_seconds
 
 WORKER = "/job:worker/replica:0/task:0/device:CPU:0"
 SERVER = "/job:ps/replica:0/task:0/device:CPU:0"
@@ -72,7 +73,7 @@ def test_a_traced_step_gives_when_each_gradient_is_ready_and_each_updates_share(
 _TRACED_TWICE = """
 import sys
 import tensorflow as tf
-from parallax.profile import profiler_log_dropped
+from parallax.planning.traces import profiler_log_dropped
 
 tf.compat.v1.disable_eager_execution()
 doubled = tf.constant(1.0) * 2
@@ -91,6 +92,7 @@ with tf.compat.v1.Session() as session:
 """
 
 
+@pytest.mark.job
 def test_a_traced_run_parallax_makes_for_itself_keeps_stderr_but_the_profilers_lines():
     # A process of its own: TensorFlow reads its C++ log level once, at load.
     result = subprocess.run([sys.executable, "-c", _TRACED_TWICE], capture_output=True,

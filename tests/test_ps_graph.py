@@ -5,12 +5,13 @@ import tensorflow as tf
 
 import parallax
 from conftest import load_workload
-from parallax.analysis import analyze
+from parallax.planning.analysis import analyze
 from parallax.cluster import Cluster
 from parallax.graph_copy import copy_graph
-from parallax.passes import transform
-from parallax.passes.split_variables import split_variables
-from parallax.plan import describe, make_plan
+from parallax.rewriting.pipeline import transform
+from parallax.rewriting.split_variables import split_variables
+from parallax.planning.describe import describe
+from parallax.planning.plan import make_plan
 
 equivalence = load_workload("equivalence")
 CLUSTER = dict(worker_machines=[0, 0, 1, 1], servers=["127.0.0.1:1", "127.0.0.2:1"],
@@ -192,7 +193,7 @@ def _boundary_graph(worker_id, boundary):
 
 
 def _bytes_between_machines(graph, plan):
-    from parallax.passes.boundary import machine_of, tensor_bytes
+    from parallax.rewriting.passes.boundary import machine_of, tensor_bytes
     total = 0
     for op in graph.get_operations():
         for tensor in op.inputs:
@@ -281,9 +282,9 @@ def test_adams_slot_decays_on_a_server_wait_for_the_aggregated_gradient(deferred
     assert sorted(op.inputs[0].op.name for op in waits) == (
         ["embedding/Adam", "embedding/Adam_1"] if deferred else [])
     for op in waits:
-        assert any(u.type == "QueueDequeueV2" for u in parallax.analysis.upstream_ops([op]))
+        assert any(u.type == "QueueDequeueV2" for u in parallax.planning.analysis.upstream_ops([op]))
     lookups = [op for op in graph.get_operations() if op.type == "ResourceGather"]
     assert lookups and not any(o.name.startswith("parallax_deferred/")
-                               for o in parallax.analysis.upstream_ops(lookups))
+                               for o in parallax.planning.analysis.upstream_ops(lookups))
     other, _ = _transformed(1, "adam+clip", run_option="HYBRID")
     assert not [op for op in other.get_operations() if op.name.startswith("parallax_deferred/")]

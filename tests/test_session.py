@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.graph_copy import GraphMap
-from parallax.passes.rewire import record_aggregated
-from parallax.session import ParallaxRunner
+from parallax.rewriting.graph_map import GraphMap
+from parallax.rewriting.rewire import record_aggregated
+from parallax.runtime.session import ParallaxRunner
 
 
 @pytest.fixture

@@ -9,10 +9,12 @@ from tensorflow.python.client.session import SessionInterface
 
 import parallax  # noqa: F401  (records gradients)
 from conftest import load_workload
-from parallax.analysis import analyze
+from parallax.planning.analysis import analyze
 from parallax.errors import ParallaxError
-from parallax.graph_copy import GraphMap, copy_graph
-from parallax.passes.split_variables import split_variables, splittable
+from parallax.graph_copy import copy_graph
+from parallax.rewriting.graph_map import GraphMap
+from parallax.planning.split_rules import splittable
+from parallax.rewriting.split_variables import copy_and_split, split_variables
 
 user_graphs = load_workload("user_graphs")
 
@@ -294,32 +296,26 @@ def test_an_update_with_another_tables_ids_is_not_split():
 
 
 def test_a_later_graph_splits_what_it_can_and_the_decided_one_names_what_it_cannot():
-    from parallax.api import _split_copy
-    from parallax.auto import Decision
-
-    decision = Decision({}, {}, "", splits=[["table", 2]])
+    splits = [["table", 2]]
     frozen = tf.Graph()  # a later stage of training: the table frozen, a new layer trained
     with frozen.as_default():
         table = tf.compat.v1.get_variable("table", [VOCAB, 4], trainable=False)
         w = tf.compat.v1.get_variable("w", [4, 1])
         tf.compat.v1.train.AdamOptimizer(0.1).minimize(
             tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(table, [1]), w)))
-    copy, analysis = _split_copy(frozen, analyze(frozen), decision, decided=False)
+    copy, analysis = copy_and_split(frozen, analyze(frozen), splits, planned=False)
     assert "table" in analysis.all_variables and not [
         op for op in copy.get_operations() if "part_" in op.name]
     with pytest.raises(ParallaxError, match="the driver split table.*no gradient in this graph"):
-        _split_copy(frozen, analyze(frozen), decision, decided=True)
-    copy, analysis = _split_copy(_model("adam"), analyze(_model("adam")), decision,
-                                 decided=False)
+        copy_and_split(frozen, analyze(frozen), splits, planned=True)
+    copy, analysis = copy_and_split(_model("adam"), analyze(_model("adam")), splits,
+                                    planned=False)
     assert {"table/part_0", "table/part_1"} <= set(analysis.variables)
 
 
 def test_a_later_graph_keeps_whole_what_splits_alone_but_not_with_the_others():
     """b.assign(a) (a copy of one table into another) splits with either table split, not
     both: a split b would be assigned a's rows whole."""
-    from parallax.api import _split_copy
-    from parallax.auto import Decision
-
     graph = tf.Graph()
     with graph.as_default():
         a = tf.compat.v1.get_variable("a", [VOCAB, 4])
@@ -329,8 +325,7 @@ def test_a_later_graph_keeps_whole_what_splits_alone_but_not_with_the_others():
         b.assign(a)
     assert splittable(graph, ["a"]) is None and splittable(graph, ["b"]) is None
     assert "AssignVariableOp" in splittable(graph, ["a", "b"])
-    decision = Decision({}, {}, "", splits=[["a", 2], ["b", 2]])
-    _, analysis = _split_copy(graph, analyze(graph), decision, decided=False)
+    _, analysis = copy_and_split(graph, analyze(graph), [["a", 2], ["b", 2]], planned=False)
     assert {"a/part_0", "a/part_1", "b"} <= set(analysis.variables)
     assert "a" not in analysis.variables and "b/part_0" not in analysis.variables
 

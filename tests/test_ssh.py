@@ -4,8 +4,12 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from runner.free_ports import ephemeral_range
 from runner.ssh import SSHConfig, environment_line, forwarded_env
+
+pytestmark = pytest.mark.job
 
 
 def test_remote_command_quotes_every_word(tmp_path):

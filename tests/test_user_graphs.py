@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.analysis import analyze
+from parallax.planning.analysis import analyze
 from conftest import WORKLOADS, load_workload, run_job
 
 user_graphs = load_workload("user_graphs")
@@ -49,6 +49,7 @@ REFUSED = {("cond", "PS"): "inside its function (tf.cond, tf.while_loop)",
            ("gradient_penalty", "PS"): "is differentiated again"}
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
 @pytest.mark.parametrize("shape", sorted(user_graphs.SHAPES))
 def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
@@ -65,6 +66,7 @@ def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
         assert result.stdout.count("runner.run(init) skipped") == WORKERS
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary", "schedule",
                                    "restore", "gradient_norms"])
 def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_device(
@@ -78,6 +80,7 @@ def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_
     _assert_single_device(tmp_path, shape)
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("run_option", ["AR", "PS"])
 def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
     """Without sync_batch_norm each worker normalizes its own batch; the moving statistics are
@@ -92,6 +95,7 @@ def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
     assert not np.allclose(saved[0]["var/moving_mean"], 0.0)
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
 def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
     """With sync_batch_norm the batch statistics, forward and backward, are the combined
@@ -100,6 +104,7 @@ def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
     _assert_single_device(tmp_path, "batchnorm")
 
 
+@pytest.mark.job
 def test_ps_steps_never_mix_with_one_worker_delayed(tmp_path, monkeypatch):
     """Alternating train ops, local aggregation, and a worker that sleeps at random before
     half of its runs: no interleaving mixes two steps or deadlocks."""
@@ -109,6 +114,7 @@ def test_ps_steps_never_mix_with_one_worker_delayed(tmp_path, monkeypatch):
     _assert_single_device(tmp_path, "gan")
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("run_option", ["PS", "HYBRID"])
 def test_a_restore_with_a_worker_late_to_it_trains_as_on_one_device(tmp_path, run_option):
     """Every worker restores the checkpoint, at its own time: a late one must not write the
@@ -118,6 +124,7 @@ def test_a_restore_with_a_worker_late_to_it_trains_as_on_one_device(tmp_path, ru
     _assert_single_device(tmp_path, "restore")
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("run_option", ["AR", "PS"])
 def test_a_restore_in_the_chief_alone_stops_the_job_naming_it(tmp_path, run_option):
     """Horovod's habit (restore in rank 0, then broadcast) leaves the other workers' replicas
@@ -251,6 +258,7 @@ def test_fused_batch_norm_is_refused_with_sync_batch_norm():
     _assert_refused(build, "fused batch norm", parallax.Config(sync_batch_norm=True))
 
 
+@pytest.mark.job
 def test_a_server_update_the_gradients_wait_for_is_refused(tmp_path):
     """A variable on a server decayed in place before the gradients are computed: in PS mode
     the update waits for the step's token, which waits for the gradients."""

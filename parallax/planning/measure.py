@@ -1,0 +1,230 @@
+"""Measurement, the driver's stage before planning: what one worker's step does on the real
+input, in a probe session of the graph as written — how many rows each sparse gradient carries
+in the batches of one step of the job, how long one worker's step takes alone and when each
+gradient is ready in it — beside the links the driver measured between its machines
+(runner.link_probe). It returns what it measured, or why it could not, and decides nothing.
+
+The probe reads the input the graph reads itself (tf.data, as `parallax.shard` expects, or a
+queue-based pipeline, whose queue runners it starts and stops); a graph fed through feed_dict
+cannot be measured before it runs, nor one whose input the driver waits for longer than
+PROBE_RUN_SECONDS, nor one whose variables would take more than PROBE_MEMORY_SHARE of the
+driver's free memory.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import psutil
+import tensorflow as tf
+
+from parallax.capture import VARIABLE_OP_TYPES
+from parallax.planning import cost
+from parallax.planning.analysis import (GraphAnalysis, gradient_sources, is_setting,
+                                        update_ops_by_variable, upstream_ops)
+from parallax.planning.traces import profiler_log_dropped, step_shares
+from parallax.graph_copy import copy_graph
+
+
+@dataclasses.dataclass
+class Measurements:
+    """What the driver measured before planning; `problem` says why the rows were not."""
+    workers_per_machine: List[int]
+    links: Optional[cost.Links] = None  # between two machines; None: not measured
+    within_machine: Optional[cost.Links] = None  # within one machine, for the record
+    stats: Dict[str, cost.VariableStats] = dataclasses.field(default_factory=dict)
+    timing: Optional["Timing"] = None  # one worker's step alone
+    problem: Optional[str] = None  # why the statistics were not measured
+    compute_problem: Optional[str] = None  # why the step was not timed
+
+    @property
+    def shape(self) -> cost.Cluster:
+        return cost.Cluster(len(self.workers_per_machine), max(self.workers_per_machine))
+
+
+def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
+            links: Optional[cost.Links] = None,
+            within_machine: Optional[cost.Links] = None) -> Measurements:
+    """The probe of `graph` for a job of `workers_per_machine`, with the links measured."""
+    measured = Measurements(workers_per_machine, links, within_machine)
+    needed, free = variables_bytes(graph), psutil.virtual_memory().available
+    if needed > PROBE_MEMORY_SHARE * free:
+        measured.problem = (
+            f"the probe would allocate the graph's variables, {needed / 1e9:.3g} GB, more "
+            f"than {PROBE_MEMORY_SHARE:.0%} of the driver's free memory ({free / 1e9:.3g} GB)")
+        return measured
+    try:
+        with _probe_session(copy_graph(graph)) as session:
+            stats, measured.problem = measure_rows(session, analysis, measured.shape.workers)
+            if not measured.problem:
+                measured.timing, measured.compute_problem = measure_compute(session, analysis)
+                if measured.timing:
+                    timed = measured.timing
+                    stats = {name: dataclasses.replace(
+                        var, ready=timed.ready.get(name, 1.0), update=timed.update.get(name, 0.0))
+                        for name, var in stats.items()}
+            measured.stats = stats
+    except tf.errors.OpError as error:  # in the initializers
+        measured.problem = _probe_failure(error, "the graph could not be initialized")
+    return measured
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """One worker's training step alone, as the probe measured it."""
+    alone: float  # seconds of wall time
+    cpu: float  # seconds of this process's CPU time
+    ready: Dict[str, float]  # per variable, cost.VariableStats.ready
+    update: Dict[str, float]  # per variable, cost.VariableStats.update
+
+
+def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, steps: int = 3
+                    ) -> Tuple[Optional[Timing], Optional[str]]:
+    """One training step on one worker's batch alone (every update the graph makes from its
+    gradients), run after one warm-up step: the medians of `steps` of its wall and CPU time,
+    and when each gradient is ready and each variable's update's share, from one more, traced
+    (profile.step_shares). Or why it cannot."""
+    writes = list(dict.fromkeys(analysis.training_writes))
+    fed = _fed_placeholders(session.graph, writes)
+    # A rate's value (a float setting) or is_training's does not change how much a step
+    # computes: 1 (True: training) times it. An integer one may size the batch.
+    data = [op.name for op in fed if not is_setting(op)
+            or not (op.outputs[0].dtype.is_floating or op.outputs[0].dtype == tf.bool)]
+    if data:
+        return None, f"the step needs {data[0]!r} fed"
+    settings = {op.outputs[0]: np.ones((), op.outputs[0].dtype.as_numpy_dtype) for op in fed}
+    seconds, cpu_seconds = [], []
+    metadata = tf.compat.v1.RunMetadata()
+    try:
+        for _ in range(steps + 1):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            session.run(writes, settings)
+            seconds.append(time.perf_counter() - start)
+            cpu_seconds.append(time.process_time() - cpu_start)
+        with profiler_log_dropped():
+            session.run(writes, settings, options=tf.compat.v1.RunOptions(
+                trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    except (tf.errors.OpError, ValueError) as error:  # ValueError: an update in a tf.cond
+        return None, _probe_failure(error, "the step could not run before the job")
+    graph = session.graph
+    ready, update = step_shares(metadata.step_stats, gradient_sources(graph, analysis),
+                                update_ops_by_variable(graph, analysis))
+    return Timing(statistics.median(seconds[1:]), statistics.median(cpu_seconds[1:]), ready,
+                  update), None
+
+
+def measure_rows(session: tf.compat.v1.Session, analysis: GraphAnalysis,
+            batches: int) -> Tuple[Dict[str, cost.VariableStats], Optional[str]]:
+    """Each variable's statistics; for a sparse one the ids its gradients carry in `batches`
+    consecutive batches (as many as the job's workers take in one step). Or why it cannot."""
+    sparse = {v.name: [session.graph.get_tensor_by_name(r.indices) for r in v.gradients
+                       if r.is_sparse] for v in analysis.sparse}
+    ids: Dict[str, List[np.ndarray]] = {name: [] for name in sparse}
+    fed = _fed_placeholders(session.graph, [t.op.name for ts in sparse.values() for t in ts])
+    if fed:
+        return {}, f"the input comes through feed_dict ({fed[0].name!r})"
+    try:
+        for _ in range(batches if sparse else 0):
+            for name, values in session.run(sparse).items():
+                ids[name].append(np.concatenate([v.ravel() for v in values]))
+    except tf.errors.InvalidArgumentError as error:
+        return {}, f"the input could not be read before the job ({_reason(error.message)})"
+    except (tf.errors.OpError, ValueError) as error:  # ValueError: ids in a loop's body
+        return {}, _probe_failure(error, "the probe of the input failed")
+    stats = {}
+    for info in analysis.variables.values():
+        if info.name not in ids:
+            stats[info.name] = cost.VariableStats(info.name, info.nbytes)
+            continue
+        batches_ids = ids[info.name]
+        seen, unique = set(), []
+        for batch in batches_ids:
+            seen.update(batch.tolist())
+            unique.append(len(seen))
+        row_bytes = info.nbytes // max(info.shape[0], 1)
+        stats[info.name] = cost.VariableStats(
+            info.name, info.nbytes, rows=int(np.mean([len(b) for b in batches_ids])),
+            row_bytes=row_bytes, index_bytes=sparse[info.name][0].dtype.size,
+            unique=tuple(unique))
+    return stats, None
+
+
+# The probe allocates every variable of the graph in the driver; a model larger than this share
+# of its free memory (a table sharded because no single machine holds it) is not measured.
+PROBE_MEMORY_SHARE = 0.5
+
+
+def variables_bytes(graph: tf.Graph) -> int:
+    """Bytes of every variable the graph creates, optimizer slots included, as a session of it
+    allocates them (a variable of unknown shape counts nothing)."""
+    total = 0
+    for op in graph.get_operations():
+        if op.type in VARIABLE_OP_TYPES:
+            shape = tf.TensorShape(op.get_attr("shape"))
+            if shape.is_fully_defined():
+                total += shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+    return total
+
+
+# A probe run waiting longer than this waits for input the driver cannot read (a queue that
+# only the workers' code fills, a socket): the launch goes on without the measurement.
+PROBE_RUN_SECONDS = 120
+
+
+@contextlib.contextmanager
+def _probe_session(graph: tf.Graph):
+    """A session of a copy of the graph as written (graph_copy: its devices within one task,
+    as a graph written for TensorFlow's parameter servers names jobs this driver has not), in
+    the driver, as a worker's runner would start it:
+    variables, local variables and tables initialized, queue runners (shuffle_batch,
+    string_input_producer) started, and stopped at exit."""
+    initializers = [v.initializer for v in graph.get_collection(
+        tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(
+        tf.compat.v1.GraphKeys.LOCAL_VARIABLES)]
+    initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
+                                      operation_timeout_in_ms=PROBE_RUN_SECONDS * 1000)
+    coordinator, threads = tf.compat.v1.train.Coordinator(), []
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        session.run(initializers)
+        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):  # else TF's warning
+            with graph.as_default():
+                threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator,
+                                                                 daemon=True)
+        try:
+            yield session
+        finally:
+            coordinator.request_stop()
+            coordinator.join(threads, stop_grace_period_secs=10)
+
+
+def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> List[tf.Operation]:
+    """The placeholders without a default that the ops named wait for (by data or control):
+    what only the user's feed_dict gives, which a probe run would fail without (and
+    TensorFlow log its failure into the user's output)."""
+    ops = [graph.get_operation_by_name(name) for name in op_names]
+    return sorted((op for op in {*ops, *upstream_ops(ops)} if op.type == "Placeholder"),
+                  key=lambda op: op.name)
+
+
+def _probe_failure(error: Exception, failed: str) -> str:
+    """Why a probe run failed: a TensorFlow error, or a fetch TensorFlow refused (ValueError:
+    a tensor inside a tf.cond or a loop's body)."""
+    if isinstance(error, tf.errors.DeadlineExceededError):
+        return (f"{failed}: a run waited more than {PROBE_RUN_SECONDS} s (for input only the "
+                "workers can read?)")
+    message = error.message if isinstance(error, tf.errors.OpError) else str(error)
+    return f"{failed}: {_reason(message)}"
+
+
+def _reason(message: str) -> str:
+    """The line of a TensorFlow error that says what went wrong: not its heading ("Graph
+    execution error:"), the stack where the op was defined, nor the node's name."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    said = [line for line in lines if not line[0].isspace() and not line.startswith((
+        "Graph execution error", "Detected at node", "Node:"))]
+    return (said or lines or [message])[0]

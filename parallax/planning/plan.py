@@ -1,0 +1,370 @@
+"""The plan: how each variable is synchronized and where it lives, decided once, by the driver,
+from the analysis, the config, the cluster's shape and (AUTO) what the search chose. It is one
+value: the driver sends it to every worker (`to_text`), which reads it (`from_text`) and binds
+it to its own copy of the graph and its identity (`bind`), deciding nothing again."""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import json
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+from parallax.cluster import Cluster
+from parallax.config import Config, PSConfig
+from parallax.errors import ParallaxError
+from parallax.planning import cost
+from parallax.planning.analysis import GraphAnalysis, VariableInfo
+
+
+@dataclasses.dataclass
+class Decision:
+    methods: Dict[str, dict]  # variable -> {"how": cost.ALLREDUCE/ALLGATHER/PS, "server": int}
+    stats: Dict[str, dict]  # variable -> cost.VariableStats fields, as measured
+    note: str  # how it was decided
+    # Seconds of a worker's compute, its machine's cores shared (cost.shared_compute)
+    compute: Optional[float] = None
+    # Seconds of one worker's step alone, the speed of a server's updates (cost.step_time)
+    alone: Optional[float] = None
+    links: Optional[dict] = None  # cost.Links fields the decision assumed
+    step: Optional[float] = None  # seconds of a step of the chosen plan, as predicted
+    # With search_partitions: [call, variable, shards] for each call of get_partitioner
+    partitions: List[list] = dataclasses.field(default_factory=list)
+    # Allreduce in machine stages (Config.hierarchical_allreduce); None: not decided here
+    machine_stages: Optional[bool] = None
+    # [variable, shards] for each variable the workers split (rewriting/split_variables.py)
+    splits: List[list] = dataclasses.field(default_factory=list)
+    # The Config's run option it was made for: AUTO, or another whose servers and shards
+    # (search_partitions, split_variables) were chosen here
+    run_option: str = "AUTO"
+
+    def link_model(self) -> cost.Links:
+        return cost.Links(**self.links) if self.links else cost.Links()
+
+    def variable_stats(self) -> Dict[str, cost.VariableStats]:
+        return {name: cost.VariableStats(**{**fields, "unique": tuple(fields["unique"])})
+                for name, fields in self.stats.items()}
+
+
+
+class Sync(enum.Enum):
+    ALLREDUCE = "allreduce"  # replicated; dense gradient summed/averaged with Horovod
+    ALLGATHER = "allgather"  # replicated; sparse gradient slices gathered from every worker
+    PS = "parameter server"  # one copy on a server; gradients aggregated there
+
+
+@dataclasses.dataclass
+class VariablePlan:
+    variable: Optional[VariableInfo]  # None in a plan not bound to a graph yet (Plan.bind)
+    sync: Sync
+    average: bool  # aggregate as the mean over workers, else the sum
+    server: Optional[int] = None  # the server holding it, for Sync.PS
+
+
+@dataclasses.dataclass
+class Plan:
+    run_option: str  # the effective one: HYBRID without sparse variables is AR, etc.
+    cluster: Cluster
+    variables: Dict[str, VariablePlan]
+    extra_state_servers: Dict[str, int]  # extra state living on a server: its server
+    server_writes: List[str]  # ops updating server-resident state: once per step, by the chief
+    ps_config: PSConfig  # which optimizations of the parameter-server path are on
+    uses_horovod: bool  # replicas exist: dense gradients, or state to average or broadcast
+    # With Config.sync_batch_norm: the (mean, variance) ops of the batch moments to combine.
+    batch_moments: List[Tuple[str, str]]
+    averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
+    run_index: int = 0  # which get_runner call of the process this plan is for
+    decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
+    # Config(sync=False): each worker updates the servers' variables with its own gradients
+    asynchronous: bool = False
+    # dense gradients allreduced in machine stages (passes/machine_allreduce.py)
+    hierarchical_allreduce: bool = False
+
+    @property
+    def sync_batch_norm(self) -> bool:
+        return bool(self.batch_moments)
+
+    @property
+    def num_workers(self) -> int:
+        return self.cluster.num_workers
+
+    def with_sync(self, *kinds: Sync) -> List[VariablePlan]:
+        return [p for p in self.variables.values() if p.sync in kinds]
+
+    def server_of(self, variable: str) -> Optional[int]:
+        if variable in self.variables:
+            return self.variables[variable].server
+        return self.extra_state_servers.get(variable)
+
+    def to_text(self) -> str:
+        """The plan as the driver sends it: JSON of every field, but the analysis' objects
+        (a worker has its own, of the same graph), compressed, so that a large graph's plan
+        stays far below the kernel's limit on one environment variable (128 KiB)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields.update(
+            variables={name: [p.sync.value, p.average, p.server]
+                       for name, p in self.variables.items()},
+            cluster=self.cluster.worker_machines, servers=len(self.cluster.servers),
+            ps_config=dataclasses.asdict(self.ps_config),
+            decision=dataclasses.asdict(self.decision) if self.decision else None)
+        return base64.b64encode(zlib.compress(json.dumps(fields).encode(), 9)).decode()
+
+    @classmethod
+    def from_text(cls, text: str) -> "Plan":
+        """The plan the driver sent, not bound yet to a graph (`bind`)."""
+        fields = json.loads(zlib.decompress(base64.b64decode(text)))
+        servers = fields.pop("servers")
+        fields.update(
+            variables={name: VariablePlan(None, Sync(sync), average, server)
+                       for name, (sync, average, server) in fields["variables"].items()},
+            cluster=Cluster(fields["cluster"], [f"server {j}" for j in range(servers)]),
+            ps_config=PSConfig(**fields["ps_config"]),
+            batch_moments=[tuple(pair) for pair in fields["batch_moments"]],
+            decision=Decision(**fields["decision"]) if fields["decision"] else None)
+        return cls(**fields)
+
+    def bind(self, analysis: GraphAnalysis, cluster: Cluster) -> "Plan":
+        """This plan for a worker: its variables bound to the worker's analysis of its copy of
+        the graph, and its cluster the worker's own (its id, the servers' addresses)."""
+        if set(analysis.variables) != set(self.variables) or (
+                cluster.worker_machines != self.cluster.worker_machines
+                or len(cluster.servers) != len(self.cluster.servers)):
+            differ = sorted(set(analysis.variables) ^ set(self.variables))
+            raise ParallaxError(
+                "this worker's graph is not the one the driver planned for"
+                + (f" (variables {differ[:3]} are in one of them only)" if differ else "")
+                + ": the script must build the same graph in every process, whatever "
+                "the environment (no random names, no dependence on the host)")
+        variables = {name: dataclasses.replace(p, variable=analysis.variables[name])
+                     for name, p in self.variables.items()}
+        return dataclasses.replace(self, variables=variables, cluster=cluster)
+
+
+def effective_run_option(run_option: str, analysis: GraphAnalysis,
+                         decision: Optional[Decision] = None) -> str:
+    """HYBRID needs both kinds of variable; without one of them it is AR or PS, so no process
+    is started that would have nothing to do. AUTO is what its decision makes of it."""
+    if run_option == "AUTO":
+        on_servers = [_chosen(info, decision)[0] is Sync.PS for info in analysis.variables.values()]
+        return "PS" if all(on_servers) else "HYBRID" if any(on_servers) else "AR"
+    if run_option != "HYBRID":
+        return run_option
+    if not analysis.sparse:
+        return "AR"
+    return "PS" if not analysis.dense else "HYBRID"
+
+
+def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
+              run_index: int = 0, decision: Optional[Decision] = None) -> Plan:
+    run_option, variables = _methods(analysis, config, decision)
+    _partition_by_bytes([p for p in variables.values() if p.sync is Sync.PS
+                         and p.server is None], len(cluster.servers))
+    extra_state_servers, server_writes = _check(analysis, config, run_option, variables)
+    return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
+                config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
+                analysis.batch_moments if config.sync_batch_norm else [],
+                analysis.averaged_writes, run_index, decision, not config.sync,
+                _machine_stages(config, cluster, variables, decision))
+
+
+def check_plan(analysis: GraphAnalysis, config: Config) -> None:
+    """Raise what make_plan refuses of this graph and config, on any cluster: which side of
+    the servers each variable and its state are on does not depend on the cluster. The driver
+    checks it before it reads the resources."""
+    _check(analysis, config, *_methods(analysis, config, None))
+
+
+def _methods(analysis: GraphAnalysis, config: Config, decision: Optional[Decision]
+             ) -> Tuple[str, Dict[str, VariablePlan]]:
+    """The effective run option, and each variable's method (its server, if the decision
+    chose it)."""
+    run_option = effective_run_option(config.run_option, analysis, decision)
+    if config.sync_batch_norm and analysis.fused_batch_norms:
+        raise ParallaxError(
+            f"sync_batch_norm: {analysis.fused_batch_norms[0]!r} is a fused batch norm, whose "
+            "statistics are computed inside one kernel and cannot be combined across workers; "
+            "build it unfused (tf.nn.moments and tf.nn.batch_normalization, or Keras's "
+            "BatchNormalization), or leave sync_batch_norm off")
+    variables = {}
+    for info in analysis.variables.values():
+        average = config.average_sparse if info.is_sparse else config.average_dense
+        if decision is not None:
+            sync, server = _chosen(info, decision, config.run_option)
+        else:
+            sync, server = rule(run_option, info), None
+        variables[info.name] = VariablePlan(info, sync, average, server)
+    return run_option, variables
+
+
+def _check(analysis: GraphAnalysis, config: Config, run_option: str,
+           variables: Dict[str, VariablePlan]) -> Tuple[Dict[str, int], List[str]]:
+    """Where extra state lives and which ops update server state, having refused a plan whose
+    updates could not run once a step on the chief."""
+    extra_state_servers = _place_extra_state(analysis, variables, run_option)
+    server_writes = [op for p in variables.values() if p.sync is Sync.PS
+                     for op in p.variable.update_ops]
+    server_writes += [op for name in extra_state_servers
+                      for op in analysis.extra_state[name].update_ops]
+    server_writes = list(dict.fromkeys(server_writes))  # one op may update several
+    _check_differentiated_gradients_allreduced(analysis, variables)
+    if config.sync:  # the chief alone applies the step's aggregates
+        _check_server_writes_follow_gradients(analysis, server_writes)
+        _check_no_conditional_server_writes(analysis, server_writes)
+        _check_writes_on_one_side(analysis, variables, extra_state_servers)
+    elif run_option == "AR":
+        raise ParallaxError(
+            "sync=False: asynchronous training updates variables on parameter servers, and "
+            "this plan has none (HYBRID, for a model without sparse gradients); use "
+            "run_option='PS', or train synchronously")
+    return extra_state_servers, server_writes
+
+
+def _machine_stages(config: Config, cluster: Cluster, variables: Dict[str, VariablePlan],
+                    decision: Optional[Decision]) -> bool:
+    """Config.hierarchical_allreduce where the cluster allows it (Cluster.machine_groups); by
+    default, AUTO's decision, or when the cost model predicts it faster for the bytes this
+    plan allreduces."""
+    if not cluster.machine_groups() or config.hierarchical_allreduce is False:
+        return False
+    if config.hierarchical_allreduce:
+        return True
+    if (decision is not None and decision.machine_stages is not None
+            and all(name in decision.methods for name in variables)):
+        return decision.machine_stages  # for this graph (not one built after it)
+    allreduced = sum(p.variable.nbytes for p in variables.values() if p.sync is Sync.ALLREDUCE)
+    links = decision.link_model() if decision is not None else cost.Links()
+    return cost.machine_stages_pay(allreduced, cost_shape(cluster), links)
+
+
+def cost_shape(cluster: Cluster) -> cost.Cluster:
+    return cost.Cluster(cluster.num_machines, max(len(cluster.workers_on(m))
+                                                  for m in range(cluster.num_machines)))
+
+
+def rule(run_option: str, info: VariableInfo) -> Sync:
+    """How a run option synchronizes a variable (AUTO: when it decided nothing, as HYBRID)."""
+    if run_option == "PS" or (run_option in ("HYBRID", "AUTO") and info.is_sparse):
+        return Sync.PS
+    return Sync.ALLGATHER if info.is_sparse else Sync.ALLREDUCE
+
+
+def _chosen(info: VariableInfo, decision: Decision,
+            run_option: str = "AUTO") -> Tuple[Sync, Optional[int]]:
+    """The driver's decision for a variable (its server, if it decided one); the run option's
+    rule for one the driver did not see (a graph built after the first get_runner)."""
+    chosen = decision.methods.get(info.name)
+    if chosen is None:
+        return rule(run_option, info), None
+    return Sync(chosen["how"]), chosen["server"]
+
+
+def _check_differentiated_gradients_allreduced(analysis, variables) -> None:
+    """A gradient differentiated again (a gradient penalty) is the aggregate, as on one device
+    the combined batch's gradient is: an allreduce's sum or mean, whose gradient Horovod
+    defines, differentiates as that; a gather of rows or a server's aggregation does not (a
+    server's would wait for the step it is part of)."""
+    for name in analysis.differentiated:
+        plan = variables[name]
+        if plan.sync is not Sync.ALLREDUCE:
+            raise ParallaxError(
+                f"the gradient of {name!r} is differentiated again (a loss computed from "
+                "gradients: a gradient penalty, double backprop), and Parallax aggregates it "
+                f"by {plan.sync.value}, which cannot be differentiated as the combined batch's "
+                "gradient. Only a dense gradient, allreduced, can: use run_option='AR'"
+                + (", and a variable whose gradient is dense (not an embedding lookup's)"
+                   if plan.variable.is_sparse else ""))
+
+
+def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
+    """An op that updates server variables runs on the chief only; one that also updates
+    replicas (a tf.cond applying every update) would leave the other workers' replicas behind."""
+    on_server, replicated = set(), set()
+    for name, info in analysis.variables.items():
+        side = on_server if variables[name].sync is Sync.PS else replicated
+        side.update(info.update_ops)
+    for name, state in analysis.extra_state.items():
+        side = on_server if name in extra_state_servers else replicated
+        side.update(state.update_ops)
+    for op in sorted(on_server & replicated):
+        raise ParallaxError(
+            f"{op!r} updates variables on parameter servers and replicated ones at once: the "
+            "chief alone runs updates of server variables. Update them in separate ops (say, "
+            "two tf.conds), or use run_option='AR' or 'PS'")
+
+
+def _check_server_writes_follow_gradients(analysis, server_writes) -> None:
+    """A server-side update the gradients wait for would wait for a step token that comes only
+    after the gradients are pushed: refused instead of deadlocking."""
+    for name in server_writes:
+        if name in analysis.before_gradients:
+            raise ParallaxError(
+                f"{name!r} updates a variable on a parameter server, and the gradients are "
+                "computed after it (a control dependency or a data path): in PS/HYBRID mode "
+                "server variables are updated once per step after the gradients are "
+                "aggregated. Update it after the train op (tf.control_dependencies([train_op]))"
+                ", or use run_option='AR' or 'AUTO' (which keeps its variable off the servers)")
+
+
+def _check_no_conditional_server_writes(analysis, server_writes) -> None:
+    """Updates of server variables inside tf.cond or a while loop are refused: the chief would
+    apply them in a function whose untaken branch does not wait for the step's gradients, and
+    the step's end could not be told apart from its start."""
+    for name in server_writes:
+        if analysis.function_calls.get(name):
+            raise ParallaxError(
+                f"{name!r} (a TensorFlow {analysis.function_calls[name]} op) updates "
+                "variables that live on parameter servers inside its function (tf.cond, "
+                "tf.while_loop): in PS/HYBRID "
+                "mode updates of server variables must be ops of the graph itself. Apply the "
+                "update unconditionally (say, with the gradient scaled by 0 or 1), or use "
+                "run_option='AR'")
+
+
+def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:
+    """Largest first onto the least-loaded server (cost.balance_by_bytes)."""
+    servers = cost.balance_by_bytes([(p.variable.name, p.variable.nbytes) for p in on_servers],
+                                    num_servers)
+    for var_plan in on_servers:
+        var_plan.server = servers[var_plan.variable.name]
+
+
+def _place_extra_state(analysis, variables, run_option) -> Dict[str, int]:
+    """Extra state lives with its owner (TF's colocation: slots, moving averages, beta powers).
+    In PS mode, state with no owner that the step writes from the gradients (global_step,
+    accumulators) is on the first server. State that replicated variables' updates read (beta
+    powers) is replicated, each replica updating its own copy identically; so is state written
+    from each worker's own data (kept identical by averaging its writes) and state written
+    independently of the gradients (a random generator's seed)."""
+    read_by_replicas = set()
+    for var_plan in variables.values():
+        if var_plan.sync is not Sync.PS:
+            read_by_replicas.update(analysis.inputs_of_updates(var_plan.variable.name))
+    servers = {}
+    for state in analysis.extra_state.values():
+        owner = variables.get(state.owner)
+        if state.name in read_by_replicas or state.per_worker:
+            continue
+        if owner is not None and owner.sync is Sync.PS:
+            servers[state.name] = owner.server
+        elif owner is None and run_option == "PS" and state.after_gradients:
+            servers[state.name] = 0
+    return servers
+
+
+def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool) -> bool:
+    """Whether the job's workers join Horovod: for dense gradients, batch statistics to combine,
+    and in PS mode for the variables that stay replicated (per-worker state to average,
+    replicas to broadcast)."""
+    if run_option != "PS" or (sync_batch_norm and analysis.batch_moments):
+        return True
+    if analysis.averaged_writes:  # of global or local variables (a metric's)
+        return True
+    return any(name not in analysis.variables and not _on_server_in_ps(analysis, name)
+               for name in analysis.all_variables)
+
+
+def _on_server_in_ps(analysis: GraphAnalysis, name: str) -> bool:
+    state = analysis.extra_state.get(name)
+    return state is not None and not state.per_worker and (
+        state.owner is not None or state.after_gradients)

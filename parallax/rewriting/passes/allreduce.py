@@ -1,0 +1,126 @@
+"""AllReduce pass: replicas stay identical by aggregating every gradient with Horovod.
+
+Aggregation is inserted right after autodiff, so whatever the user does with a gradient
+(clipping, scaling, the optimizer's update) sees the aggregate, as on a single device.
+"""
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from parallax.rewriting import machine_allreduce, row_sums
+from parallax.rewriting.rewire import record_aggregated, reroute
+from parallax.planning.rows import rows_unique_per_batch
+from parallax.planning.plan import Plan, Sync
+
+BROADCAST_COLLECTION = "parallax_broadcast"
+
+
+def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """Dense gradients become their allreduce; sparse ones the allgather of their slices, or
+    (Sync.ALLREDUCE for a sparse variable: its gradients are nearly dense) the allreduce of
+    their dense sum."""
+    with graph.as_default(), tf.name_scope("parallax_allreduce"):
+        for var_plan in plan.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER):
+            op = hvd.Average if var_plan.average else hvd.Sum
+            for record in var_plan.variable.gradients:
+                if record.is_sparse and var_plan.sync is Sync.ALLREDUCE:
+                    _aggregate_sparse_as_dense(graph, record, var_plan, plan)
+                elif record.is_sparse:
+                    _aggregate_sparse(graph, record, op)
+                else:
+                    _aggregate_dense(graph, record, op, plan)
+    return graph
+
+
+def _allreduce(tensor, op, plan: Plan):
+    if plan.hierarchical_allreduce:
+        return machine_allreduce.allreduce(tensor, op, plan.cluster)
+    return hvd.allreduce(tensor, op=op)
+
+
+def _aggregate_dense(graph, record, op, plan):
+    grad = graph.get_tensor_by_name(record.dense)
+    consumers = list(grad.consumers())
+    with tf.device(grad.op.device):
+        aggregated = _allreduce(grad, op, plan)
+    reroute(grad, aggregated, consumers)
+    record_aggregated(grad, aggregated)
+
+
+def _aggregate_sparse(graph, record, op):
+    values = graph.get_tensor_by_name(record.values)
+    indices = graph.get_tensor_by_name(record.indices)
+    dense_shape = (graph.get_tensor_by_name(record.dense_shape)
+                   if record.dense_shape else None)
+    consumers = {t: list(t.consumers()) for t in (values, indices)}
+    with tf.device(values.op.device):
+        aggregated = hvd.allreduce(tf.IndexedSlices(values, indices, dense_shape), op=op)
+        gathered = [aggregated.values, aggregated.indices]
+        if rows_unique_per_batch(indices):
+            gathered = row_sums.one_row_per_id(gathered)
+    for old, new in zip((values, indices), gathered):
+        reroute(old, new, consumers[old])
+        record_aggregated(old, new)
+
+
+def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
+    """The slices summed into the variable's shape, with a count of rows, are allreduced; the
+    rows any worker touched come out as slices again, so that the optimizer updates those rows
+    only, as its sparse update on one device does (Adam's slots of other rows do not decay).
+    Summing rows of one id is only allowed where the model just adds them into the variable
+    (rows_can_be_summed, checked when AUTO chose this); the L2 norm of every row, what
+    clip_by_global_norm sees on one device, travels in one more row."""
+    values = graph.get_tensor_by_name(record.values)
+    indices = graph.get_tensor_by_name(record.indices)
+    consumers = {t: list(t.consumers()) for t in (values, indices)}
+    rows = var_plan.variable.shape[0]
+    with tf.device(values.op.device):
+        flat = tf.reshape(values, [tf.shape(values)[0], -1])
+        counts = tf.ones_like(indices, dtype=values.dtype)[:, None]
+        packed = tf.math.unsorted_segment_sum(tf.concat([flat, counts], 1), indices, rows)
+        norm_row = tf.concat([tf.zeros([1, tf.shape(flat)[1]], values.dtype),
+                              tf.reshape(row_sums.norm_share(values), [1, 1])], 1)
+        summed = _allreduce(tf.concat([packed, norm_row], 0), hvd.Sum, plan)
+        touched = tf.where(summed[:rows, -1] > 0)[:, 0]
+        aggregated, norm = tf.gather(summed[:rows, :-1], touched), summed[rows, -1]
+        if var_plan.average:  # the mean loss's rows are each worker's over N
+            workers = tf.cast(hvd.size(), values.dtype)
+            aggregated, norm = aggregated / workers, norm / (workers * workers)
+        row_shape = (values.shape[1:].as_list() if values.shape[1:].is_fully_defined()
+                     else tf.shape(values)[1:])
+        new_values = tf.reshape(aggregated, tf.concat([[-1], row_shape], 0))
+        new_indices = tf.cast(touched, indices.dtype)
+    for old, new in ((values, new_values), (indices, new_indices)):
+        reroute(old, new, consumers[old])
+        record_aggregated(old, new)
+    if not rows_unique_per_batch(indices):  # else the norm is of the summed rows
+        row_sums.use_carried_norm(consumers[values], norm, trigger=new_values.op)
+
+
+def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """State written from each worker's own data (a loss average, a batch's moving statistics)
+    stays identical on every worker: each such write takes the mean over workers of the value
+    it would write. For the moving averages TF writes, that is the average of the combined
+    batch's values, as on one device. Runs before the passes that place ops."""
+    with graph.as_default(), tf.name_scope("parallax_average_state"):
+        for name in plan.averaged_writes:
+            write = graph.get_operation_by_name(name)
+            value = write.inputs[1]
+            with tf.device(value.op.device):
+                averaged = hvd.allreduce(value, op=hvd.Average)
+            reroute(value, averaged, [write])
+    return graph
+
+
+def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """Add the op that copies rank 0's initial values to every replica (run once after
+    initialization): replicas must start identical to stay identical. Server-resident
+    variables have a single copy and are left out."""
+    if not plan.uses_horovod:
+        return graph
+    with graph.as_default(), tf.name_scope("parallax_broadcast"):
+        variables = [v for v in tf.compat.v1.global_variables()
+                     if plan.server_of(v.op.name) is None]
+        graph.add_to_collection(BROADCAST_COLLECTION, hvd.broadcast_variables(variables, 0))
+    return graph

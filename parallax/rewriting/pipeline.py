@@ -1,0 +1,51 @@
+"""Transformation passes: each takes the graph (and the plan) and returns the graph rewritten
+for one concern. `transform` composes them for the plan's run option; HYBRID is the AllReduce
+passes over the dense variables and the PS passes over the sparse ones, each pass handling the
+variables the plan gives its kind of synchronization."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from parallax.rewriting.passes.allreduce import (allreduce_gradients, average_worker_state,
+                                       broadcast_initial_values)
+from parallax.rewriting.passes.batch_norm import synchronize_batch_statistics
+from parallax.rewriting.passes.boundary import place_boundary_ops
+from parallax.rewriting.passes.dense_shapes import free_constant_dense_shapes
+from parallax.rewriting.passes.defer_server_work import defer_gradient_free_server_work
+from parallax.rewriting.passes.loop_reads import copy_loop_reads_to_worker
+from parallax.rewriting.passes.placement import place_post_aggregation_ops
+from parallax.rewriting.passes.ps import (aggregate_on_servers, mark_servers_ready,
+                                place_variables_on_servers)
+from parallax.rewriting.passes.replicate import pin_to_worker, separate_runner_state
+from parallax.rewriting.passes.sync import synchronize_steps
+from parallax.rewriting.passes.unique_rows import gather_unique_rows
+from parallax.planning.plan import Plan
+
+# Every mode may keep replicas (in PS mode: state written from each worker's own data).
+_REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, average_worker_state,
+             broadcast_initial_values)
+_PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
+       copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
+       gather_unique_rows, defer_gradient_free_server_work, synchronize_steps,
+       separate_runner_state)
+# Config(sync=False): each worker applies its own gradients to the servers' variables, as they
+# arrive; no aggregation, no steps to synchronize.
+_PS_ASYNC = (place_variables_on_servers, mark_servers_ready, pin_to_worker,
+             copy_loop_reads_to_worker, place_boundary_ops, gather_unique_rows,
+             separate_runner_state)
+_PIPELINES = {
+    "AR": (allreduce_gradients,) + _REPLICAS,
+    "PS": _REPLICAS + _PS,
+    "HYBRID": (allreduce_gradients,) + _REPLICAS + _PS,
+}
+_ASYNC_PIPELINES = {
+    "PS": _REPLICAS + _PS_ASYNC,
+    "HYBRID": (allreduce_gradients,) + _REPLICAS + _PS_ASYNC,
+}
+
+
+def transform(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    pipelines = _ASYNC_PIPELINES if plan.asynchronous else _PIPELINES
+    for graph_pass in pipelines[plan.run_option]:
+        graph = graph_pass(graph, plan)
+    return graph

@@ -1,0 +1,300 @@
+"""Session wrapper: runs the transformed graph, taking the user's fetches and feeds as they
+were written against the original graph (objects or names, nested as Session.run takes them)."""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from parallax import tf_private
+from parallax.errors import ParallaxError
+from parallax.rewriting.graph_map import GraphMap
+from parallax.rewriting.rewire import read_aggregated
+from parallax.rewriting.passes.sync import read_server_writes
+from parallax.runtime.steps import Steps
+
+log = logging.getLogger("parallax")
+# A restore each worker reports to the driver, which stops a job where one worker restored and
+# another trained on without (Horovod's habit of restoring in rank 0 alone, then broadcasting):
+# its replicas would keep their values, and the workers train different models.
+RESTORED = ("restored a checkpoint (saver.restore(runner, path), which every worker runs, as "
+            "the script does on one device, not only the chief)")
+
+
+class ParallaxRunner(tf_private.SessionInterface):
+    """What `parallax.get_runner` returns in each worker process. It stands for a session
+    where TensorFlow takes one: `saver.save(runner, path)` (the chief writes the files, other
+    workers only return the path), `saver.restore(runner, path)`, and `tensor.eval()` or
+    `op.run()` inside `with runner.as_default():`."""
+
+    def __init__(self, graphs: GraphMap, session: tf.compat.v1.Session, num_workers: int,
+                 worker_id: int, description: str, checkpointer=None, training_writes=(),
+                 heartbeat=None, synchronization=None, profiler=None):
+        self._graphs = graphs
+        graph = graphs.copy
+        self._profiler = profiler  # parallax.runtime.profile.Profiler: which runs to trace
+        self._checkpointer = checkpointer
+        self.session = session
+        self.num_workers = num_workers
+        self.worker_id = worker_id
+        self._description = description
+        # variable name -> 'allreduce', 'allgather' or 'parameter server'
+        self.synchronization = dict(synchronization or {})
+        self._aggregated = read_aggregated(graph)
+        # In a worker other than the chief, a fetched server-side update is its cut: the wait
+        # for the chief to apply it.
+        self._cuts = {write: graph.get_operation_by_name(cut)
+                      for write, cut in read_server_writes(graph).items() if cut}
+        self._steps = Steps(graph, self.is_chief, training_writes)
+        self._initializers = _initializer_names(graph)
+        self._skipped_initializer = None
+        self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
+        self._busy = False  # in a run or a save: a SIGTERM waits for its end
+        self._stop_requested = False
+        self._previous_sigterm = None
+        if checkpointer is not None and checkpointer.active:
+            self._save_on_sigterm()
+        # A queue-based input pipeline (tf.compat.v1.train.shuffle_batch, string_input_producer)
+        # runs as under tf.compat.v1.train.MonitoredSession: started here, stopped at close.
+        self._coordinator = tf.compat.v1.train.Coordinator()
+        self._queue_threads = []
+        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+            with graph.as_default():
+                self._queue_threads = tf.compat.v1.train.start_queue_runners(
+                    session, coord=self._coordinator, daemon=True)
+
+    @property
+    def graph(self) -> tf.Graph:
+        """The graph given to get_runner, as it was built: single-device, for a FileWriter or
+        a Saver's meta graph. Ops built in it later run too."""
+        return self._graphs.user
+
+    @property
+    def transformed_graph(self) -> tf.Graph:
+        """The graph this worker runs: a copy of the user's, rewritten by Parallax."""
+        return self._graphs.copy
+
+    @property
+    def sess_str(self) -> str:
+        return self.session.sess_str
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_id == 0
+
+    def as_default(self):
+        """A context in which this runner is the default session: `tensor.eval()`,
+        `op.run()`, and the TensorFlow functions that take the default session."""
+        return tf_private.default_session(self)
+
+    def partial_run_setup(self, fetches, feeds=None):
+        raise ParallaxError("partial runs are not supported by Parallax's runner: a step is "
+                            "one runner.run")
+
+    def partial_run(self, handle, fetches, feed_dict=None):
+        self.partial_run_setup(fetches)
+
+    def describe(self) -> str:
+        """One line per variable: kind, shape, bytes, where it lives, how it is synchronized."""
+        return self._description
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None, report=None):
+        """Session.run on the original graph's fetches and feeds. `report`: scalars to show
+        in the driver's progress bar and metrics file, averaged over workers, e.g.
+        {"loss": loss}; they are computed in the same run."""
+        if not self.is_chief and _is_checkpoint_save(self._element_or_none(fetches)):
+            # Saver.save(runner, path): the chief writes the checkpoint; the others would write
+            # the same files at once.
+            return list(feed_dict.values())[0] if feed_dict else None
+        mapped = tf.nest.map_structure(self._map_fetch, fetches)
+        reported = {name: self._map_fetch(value) for name, value in (report or {}).items()}
+        feeds = None if feed_dict is None else {
+            self._graphs.find(self._element(key, "feed key")): value
+            for key, value in feed_dict.items()}
+        traced = False
+        if self._profiler is not None:
+            options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
+        if self._heartbeat is not None:
+            self._heartbeat.run_started()
+        self._busy, training, restore, scalars = True, False, False, {}
+        try:
+            started = time.perf_counter()
+            (result, values), training, restore = self._steps.run(
+                self.session, (mapped, reported), feeds, options, run_metadata)
+            if traced:
+                self._profiler.write(run_metadata, time.perf_counter() - started)
+            scalars = _scalars(values)
+            if self._checkpointer is not None:
+                self._checkpointer.after_run(self.session)
+        finally:
+            self._busy = False
+            if self._heartbeat is not None:
+                self._heartbeat.run_finished(training, scalars,
+                                             mark=RESTORED if restore else None)
+            if self._stop_requested:
+                self._save_and_exit()
+        return result
+
+    def close(self) -> None:
+        """Save a last checkpoint (when configured) and close the session."""
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+        if self._checkpointer is not None:
+            self._busy = True
+            self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+            self._busy = False
+        # Each queue runner closes its queue, cancelling the enqueues under way, and its thread
+        # ends quietly (a closed session would fail them with CancelledError instead).
+        self._coordinator.request_stop()
+        self._coordinator.join(self._queue_threads, stop_grace_period_secs=10)
+        self.session.close()
+
+    def _save_on_sigterm(self) -> None:
+        """A SIGTERM (the driver stopping the job) saves a checkpoint before the process exits,
+        between steps: at once, or when the run or save under way ends (a run that never ends,
+        waiting for a peer that is gone, ends with the SIGKILL that follows)."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+
+        def on_sigterm(*_):
+            if self._busy:
+                self._stop_requested = True
+            else:
+                self._save_and_exit()
+
+        self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _save_and_exit(self) -> None:
+        self._stop_requested, self._busy = False, True
+        try:
+            self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+            log.warning("stopped by SIGTERM after saving a checkpoint")
+        except Exception as error:  # pylint: disable=broad-except
+            log.warning("stopped by SIGTERM; the checkpoint could not be saved: %s", error)
+        sys.exit(128 + signal.SIGTERM)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _map_fetch(self, fetch):
+        element = self._element(fetch, "fetch")
+        if isinstance(element, tf.Variable):  # its value, as Session.run reads it
+            element = element.graph.as_graph_element(element)
+        if isinstance(element, tf.IndexedSlices):
+            return tf.IndexedSlices(*(self._aggregate(self._graphs.find(part, self._aggregated))
+                                      for part in (element.values, element.indices,
+                                                   element.dense_shape) if part is not None))
+        if isinstance(element, (tf.Tensor, tf.Operation)):
+            element = self._graphs.find(element, self._aggregated)
+        if isinstance(element, tf.Tensor):
+            return self._aggregate(element)
+        if isinstance(element, tf.Operation):
+            if self._is_initializer(element):
+                return self._skip_initializer(element)
+            return self._cuts.get(element.name, element)
+        return element
+
+    def _is_initializer(self, op: tf.Operation) -> bool:
+        """An initializer, or a group of them (global_variables_initializer())."""
+        if op.name in self._initializers:
+            return True
+        return (op.type == "NoOp" and not op.inputs and bool(op.control_inputs)
+                and all(self._is_initializer(c) for c in op.control_inputs))
+
+    def _skip_initializer(self, op: tf.Operation) -> tf.Operation:
+        """Parallax initialized the variables (the same on every worker, or from the latest
+        checkpoint); running an initializer again would set one replica apart."""
+        if self._skipped_initializer is None:
+            with self.transformed_graph.as_default():
+                self._skipped_initializer = tf.no_op(name="parallax_skipped_initializer")
+        log.warning("runner.run(%s) skipped: Parallax initializes the variables "
+                    "itself (and restores checkpoints); remove this call", op.name)
+        return self._skipped_initializer
+
+    def _aggregate(self, tensor: tf.Tensor) -> tf.Tensor:
+        """A fetched gradient is the aggregated one, as training on one device would give."""
+        name = self._aggregated.get(tensor.name)
+        return tensor if name is None else self.transformed_graph.get_tensor_by_name(name)
+
+    def _element_or_none(self, item):
+        """The graph element `item` names, when it is a single tensor or op of the graph."""
+        if not isinstance(item, (str, tf.Tensor, tf.Operation)):
+            return None
+        try:
+            return self._element(item, "fetch")
+        except ParallaxError:
+            return None
+
+    def _element(self, item, what: str):
+        if isinstance(item, str):
+            try:
+                return self.graph.as_graph_element(item)
+            except (KeyError, ValueError, TypeError) as error:
+                raise ParallaxError(
+                    f"{what} {item!r} is not in the graph given to get_runner: {error}. "
+                    "Use a tensor or op of that graph, or its name such as 'loss:0'.") from None
+        graph = getattr(item, "graph", None)
+        if graph is None and isinstance(item, tf.IndexedSlices):
+            graph = item.values.graph
+        if graph is not self.graph and graph is not self.transformed_graph:
+            raise ParallaxError(
+                f"{what} {item!r} does not belong to the graph given to get_runner; build "
+                "fetches and feeds in that graph (or pass their names).")
+        return item
+
+
+def install_chief_only_saves() -> None:
+    """Saver.save(runner, path) on a worker other than the chief writes no file: the chief
+    writes the checkpoint, its state file and its meta graph; the others' state files and meta
+    graphs would be written at once into one shared folder, or into a folder of their own
+    machine that need not exist (their run of the save writes no data: ParallaxRunner.run).
+    Idempotent (importing parallax calls it)."""
+    save = tf.compat.v1.train.Saver.save
+    if getattr(save, "parallax_chief_only", False):
+        return
+    signature = inspect.signature(save)
+
+    @functools.wraps(save)
+    def chief_only_save(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        session = call.arguments["sess"]
+        if isinstance(session, ParallaxRunner) and not session.is_chief:
+            call.arguments.update(write_meta_graph=False, write_state=False)
+        return save(*call.args, **call.kwargs)
+
+    chief_only_save.parallax_chief_only = True
+    tf.compat.v1.train.Saver.save = chief_only_save
+
+
+def _is_checkpoint_save(element) -> bool:
+    """Whether `element` is a Saver's save tensor: the path, after the ops writing the files."""
+    if not isinstance(element, (tf.Tensor, tf.Operation)):
+        return False
+    op = element if isinstance(element, tf.Operation) else element.op
+    return any(c.type in ("SaveV2", "MergeV2Checkpoints", "SaveSlices") for c in op.control_inputs)
+
+
+def _scalars(values: dict) -> dict:
+    for name, value in values.items():
+        if np.size(value) != 1:
+            raise ParallaxError(f"runner.run(report={{{name!r}: ...}}): a reported value must "
+                                f"be a scalar; this one has shape {np.shape(value)}")
+    return {name: float(np.asarray(value).reshape(())) for name, value in values.items()}
+
+
+def _initializer_names(graph: tf.Graph) -> set:
+    with graph.as_default():
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+    return {v.initializer.name for v in variables} | {
+        op.name for op in graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)}

@@ -1,0 +1,174 @@
+"""A worker: the process the driver started for one slot. It takes the driver's plan, adds its
+identity (its id in the cluster, the servers' addresses), rewrites its own copy of the user's
+graph with the plan's passes, and returns the runner of a session of it."""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import sys
+import time
+from typing import Tuple
+
+import tensorflow as tf
+
+from parallax import contracts
+from parallax.cluster import Cluster
+from parallax.config import Config
+from parallax.errors import ParallaxError
+from parallax.partitioner import check_counts
+from parallax.planning.analysis import GraphAnalysis
+from parallax.planning.describe import describe
+from parallax.planning.plan import Plan, Sync, make_plan
+from parallax.rewriting.graph_map import GraphMap
+from parallax.rewriting.passes.allreduce import BROADCAST_COLLECTION
+from parallax.rewriting.passes.ps import SERVER_STATE_COLLECTION
+from parallax.rewriting.pipeline import transform
+from parallax.rewriting.split_variables import copy_and_split
+from parallax.runtime.checkpoint import Checkpointer
+from parallax.runtime.grpc_server import start_server
+from parallax.runtime.profile import Profiler
+from parallax.runtime.session import ParallaxRunner
+from runner.control import start_heartbeat
+from runner.output import PAST_STARTUP
+
+log = logging.getLogger("parallax")
+_run_indices = itertools.count()  # this process's get_runner calls: each gets fresh state
+
+
+def count_and_id() -> Tuple[int, int]:
+    """(number of workers, this worker's id); (1, 0) in a process that is not a worker."""
+    if contracts.role() != "worker":
+        return 1, 0
+    cluster = contracts.read_cluster()
+    return cluster.num_workers, cluster.worker_id
+
+
+def _worker_plan(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
+                 cluster: Cluster) -> Tuple[tf.Graph, GraphAnalysis, Plan]:
+    """The copy of the user's graph to rewrite, its analysis, and the plan for it: the
+    driver's, bound to this worker. A graph the driver never saw (one of a later get_runner of the script, an
+    evaluation graph) is planned here, by the driver's decisions where they name its
+    variables, else by the run option's rule."""
+    driver_plan = Plan.from_text(contracts.read_plan_text())
+    decision = driver_plan.decision
+    if decision is not None:
+        check_counts(user_graph, decision.partitions)
+    splits = decision.splits if decision is not None else []
+    run_index = next(_run_indices)
+    graph, analysis = copy_and_split(user_graph, analysis, splits, planned=run_index == 0)
+    if run_index == 0:
+        return graph, analysis, driver_plan.bind(analysis, cluster)
+    return graph, analysis, make_plan(analysis, config, cluster, run_index=run_index,
+                                      decision=decision)
+
+
+def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> ParallaxRunner:
+    heartbeat = start_heartbeat()  # None unless a driver started this process
+    if heartbeat is not None:
+        _past_startup()
+    if not log.handlers and not logging.getLogger().handlers:
+        # A worker is a process Parallax started: its INFO lines (the plan) are the job's
+        # output, unless the user's script configured logging itself.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("parallax: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    cluster = contracts.read_cluster()
+    graph, analysis, plan = _worker_plan(user_graph, analysis, config, cluster)
+    on_servers = [p.variable.name for p in plan.with_sync(Sync.PS)]
+    if on_servers and not cluster.has_servers:
+        raise ParallaxError(
+            f"this graph puts {on_servers[0]!r} on a parameter server, and the job has none: "
+            "the driver launched it for the graph of the script's first get_runner, which "
+            "needed none. Give every graph of a script the same kinds of variables (sparse "
+            "ones too), or use run_option='PS', which always starts servers")
+    if plan.uses_horovod:
+        # only jobs with replicas join Horovod
+        from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
+
+        machine_allreduce.init_horovod(cluster)
+    if config.export_graph_path and cluster.is_chief:
+        _export_graph(user_graph, config.export_graph_path, "single_device")
+    graph = transform(graph, plan)
+    if config.export_graph_path:
+        _export_graph(graph, config.export_graph_path, f"worker{cluster.worker_id}")
+    sess_config = tf.compat.v1.ConfigProto()
+    sess_config.CopyFrom(config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True))
+    target = ""
+    if cluster.has_servers:
+        # Each worker talks to the servers and to itself only, never waits for its peers.
+        sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
+        target = _worker_server(cluster, sess_config).target
+    session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
+    checkpointer = Checkpointer(graph, config.ckpt_config, cluster.is_chief)
+    _initialize(session, graph, cluster, checkpointer)
+    description = describe(plan)
+    if cluster.is_chief:
+        log.info("%s", description)
+    if heartbeat is not None:
+        heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
+    synchronization = {name: p.sync.value for name, p in plan.variables.items()}
+    profiler = (Profiler(config.profile_config, cluster.worker_id, graph)
+                if config.profile_config else None)
+    return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
+                          cluster.worker_id, description, checkpointer, analysis.training_writes,
+                          heartbeat, synchronization, profiler)
+
+
+def _export_graph(graph: tf.Graph, path: str, name: str) -> None:
+    """`name`.pbtxt and a TensorBoard event file in the folder `name`, under `path`."""
+    tf.io.write_graph(graph, path, f"{name}.pbtxt")
+    writer = tf.compat.v1.summary.FileWriter(os.path.join(path, name), graph)
+    writer.close()
+
+
+def _past_startup() -> None:
+    """Tell the driver that what this worker prints from now on is its own: the lines before
+    (the script's top, run by the driver too) are not shown twice."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.write(1, b"\n" + PAST_STARTUP)
+
+
+@functools.lru_cache(maxsize=None)
+def _server_of_process(cluster_json, worker_id, sess_config_bytes):
+    return start_server(Cluster.from_json(cluster_json), "worker", worker_id,
+                        tf.compat.v1.ConfigProto.FromString(sess_config_bytes))
+
+
+def _worker_server(cluster, sess_config):
+    """This worker's gRPC server: one per process, however many runners it creates (a port
+    can be bound once)."""
+    return _server_of_process(cluster.to_env(), cluster.worker_id,
+                              sess_config.SerializeToString())
+
+
+def _initialize(session, graph, cluster, checkpointer) -> None:
+    """Every worker initializes its own replicas; the chief initializes what lives on servers,
+    or restores it and its replicas from the latest checkpoint, while the others wait for it;
+    then replicas take worker 0's values."""
+    with graph.as_default():
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+        on_servers = [v for v in variables if v.op.device.startswith("/job:ps")]
+        replicas = [v for v in variables if not v.op.device.startswith("/job:ps")]
+        # The chief initializes the runner's own server state (mirrors) last: once it is
+        # there, the others know the model's variables are ready.
+        ready_signal = graph.get_collection(SERVER_STATE_COLLECTION)
+        # Every op is built before the first run: a group built later marks its inputs
+        # (an attribute), which TensorFlow warns about once a session has run them.
+        own = [tf.compat.v1.variables_initializer(replicas), tf.compat.v1.tables_initializer()]
+        if cluster.is_chief:
+            servers_first = tf.compat.v1.variables_initializer(on_servers)
+            signal_last = tf.compat.v1.variables_initializer(ready_signal)
+            session.run(own)
+            session.run(servers_first)
+            checkpointer.restore(session)
+            session.run(signal_last)
+        else:
+            uninitialized = tf.compat.v1.report_uninitialized_variables(on_servers + ready_signal)
+            session.run(own)
+            while len(session.run(uninitialized)):
+                time.sleep(0.2)
+    session.run(graph.get_collection(BROADCAST_COLLECTION))
