@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 
+# Imported now, not first in a test: numpy.testing runs `lscpu` when imported (its SVE
+# check), which no_processes_outside_job_tests would take for the test starting a process.
+import numpy.testing  # noqa: F401
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
