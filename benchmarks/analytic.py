@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from parallax.planning import cost  # noqa: E402  (the formulas themselves)
-from parallax.planning.cost import ALLGATHER, ALLREDUCE, PS  # noqa: E402,F401  (names for the harness)
+from parallax.planning.cost import ALLGATHER, ALLREDUCE, PS  # noqa: E402,F401 (the harness's)
 
 SEGMENT, HEADERS = 1448, 66
 
@@ -40,7 +40,7 @@ def host_phase_bytes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[
     the compute, what follows it). `variables`: {name, bytes, rows, unique_rows, row_bytes,
     index_bytes, reads} (rows is None for a dense variable; unique_rows[k-1]: distinct ids in
     k workers' batches); `sync`: name -> (how, server host for PS)."""
-    cluster = cost.Cluster(hosts, workers_per_host)
+    cluster = cost.Shape(hosts, workers_per_host)
     phases = [[{"tx": 0.0, "rx": 0.0} for _ in range(hosts)] for _ in range(2)]
     for variable in variables:
         for links, traffic in zip(phases, _variable_phases(
@@ -62,7 +62,7 @@ def pushes(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], ho
     to a server goes when it is ready (cost.pushed_when_ready; the single worker's traced
     `ready`), unless the workers clip the gradients by their global norm before they push
     them (TF-PS: SyncReplicasOptimizer applies what the model's clipping made)."""
-    cluster = cost.Cluster(hosts, workers_per_host)
+    cluster = cost.Shape(hosts, workers_per_host)
     sent = []
     for variable in variables:
         stats, method, (_, second) = _variable_phases(
@@ -89,7 +89,7 @@ def waits_seconds(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int
     """cost.waits for the job: the seconds of its step's communication that are not bytes
     (messages' latency at the cost model's assumed figure, machine stages' Horovod cycles)."""
     choice, stats = _plan(variables, sync, loop_copies)
-    return cost.waits(choice, stats, cost.Cluster(hosts, workers_per_host), cost.Links(),
+    return cost.waits(choice, stats, cost.Shape(hosts, workers_per_host), cost.Links(),
                       hierarchical_allreduce)
 
 
@@ -99,7 +99,7 @@ def server_updates(variables: List[dict], sync: Dict[str, Tuple[str, Optional[in
     """cost.server_updates for the job: the share of a worker's compute its servers' updates
     take off it, and per host its server's share (the single worker's traced `update`)."""
     choice, stats = _plan(variables, sync, loop_copies)
-    return cost.server_updates(choice, stats, cost.Cluster(hosts, workers_per_host))
+    return cost.server_updates(choice, stats, cost.Shape(hosts, workers_per_host))
 
 
 def _plan(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], loop_copies: bool

@@ -1,5 +1,6 @@
 """The job's topology as one worker sees it: its id, the machines, the servers. The driver
-writes it into each process's environment (parallax/contracts.py); nothing here depends on TensorFlow."""
+writes it into each process's environment (parallax/contracts.py); nothing here depends on
+TensorFlow."""
 from __future__ import annotations
 
 import dataclasses

@@ -48,9 +48,9 @@ def count_and_id() -> Tuple[int, int]:
 def _worker_plan(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
                  cluster: Cluster) -> Tuple[tf.Graph, GraphAnalysis, Plan]:
     """The copy of the user's graph to rewrite, its analysis, and the plan for it: the
-    driver's, bound to this worker. A graph the driver never saw (one of a later get_runner of the script, an
-    evaluation graph) is planned here, by the driver's decisions where they name its
-    variables, else by the run option's rule."""
+    driver's, bound to this worker. A graph the driver never saw (one of a later get_runner
+    of the script, an evaluation graph) is planned here, by the driver's decisions where they
+    name its variables, else by the run option's rule."""
     driver_plan = Plan.from_text(contracts.read_plan_text())
     decision = driver_plan.decision
     if decision is not None:

@@ -3,8 +3,8 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.planning.analysis import (analyze, downstream_ops, gradient_sources, update_ops_by_variable,
-                               upstream_ops)
+from parallax.planning.analysis import (analyze, downstream_ops, gradient_sources,
+                                        update_ops_by_variable, upstream_ops)
 
 
 def _build(optimizer, with_ema=False):

@@ -167,8 +167,8 @@ def _copied_tables(feed: bool) -> tf.Graph:
 @pytest.mark.parametrize("feed,split", [(False, None), (False, True), (True, True)],
                          ids=["measured", "split-measured", "split-by-rule"])
 def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, split):
-    """As a later graph splits them (split_variables.copy_and_split): the driver keeps the larger table split
-    and the other whole, saying why, where it kept both whole."""
+    """As a later graph splits them (split_variables.copy_and_split): the driver keeps the
+    larger table split and the other whole, saying why, where it kept both whole."""
     graph = _copied_tables(feed)
     decision = decide(graph, analyze(graph), TWO_BY_TWO, split=split)
     assert decision.splits == [["large", 2]]
@@ -314,7 +314,7 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     stats = decision.variable_stats()
     chosen = {name: cost.Method(m["how"], (m["server"],) if m["server"] is not None else ())
               for name, m in decision.methods.items()}
-    communication = cost.step_time(chosen, stats, cost.Cluster(2, 2), cost.Links(bandwidth=1e6),
+    communication = cost.step_time(chosen, stats, cost.Shape(2, 2), cost.Links(bandwidth=1e6),
                                    hierarchical_allreduce=decision.machine_stages)
     # Adam's update of the whole table (100,000 x 64) is most of a step alone; on a server it
     # leaves the workers, and the server does it once.
@@ -322,7 +322,7 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     assert sum(stats[name].update for name in shards) > stats["w"].update >= 0
     assert sum(s.update for s in stats.values()) <= 1
     assert all(0 < stats[name].ready <= 1 and chosen[name].how == cost.PS for name in shards)
-    off, held = cost.server_updates(chosen, stats, cost.Cluster(2, 2))
+    off, held = cost.server_updates(chosen, stats, cost.Shape(2, 2))
     assert decision.step == pytest.approx(
         decision.compute * (1 - off) + communication + max(held) * decision.alone)
     assert f"of which the servers' updates take {off:.0%}" in decision.note

@@ -4,13 +4,13 @@ import dataclasses
 import pytest
 
 from parallax.planning import cost
-from parallax.planning.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Cluster, Links,
-                           Method, VariableStats, balance_by_bytes, choose,
-                           choose_with_allreduce_form, compute_and_pushes, link_bytes,
-                           link_phases, machine_stages_pay, server_updates, shared_compute,
-                           step_time, waits)
+from parallax.planning.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Links,
+                                    Method, Shape, VariableStats, balance_by_bytes, choose,
+                                    choose_with_allreduce_form, compute_and_pushes, link_bytes,
+                                    link_phases, machine_stages_pay, server_updates,
+                                    shared_compute, step_time, waits)
 
-TWO_BY_TWO = Cluster(machines=2, workers_per_machine=2)
+TWO_BY_TWO = Shape(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
 # 10 gradient rows a worker (16 bytes of values, 8 of index each); distinct ids in the
 # batches of 1, 2, 3, 4 workers: 6, 9, 12, 14.
@@ -26,7 +26,7 @@ def test_allreduce_in_machine_stages_crosses_each_link_as_a_ring_of_machines():
     # 2w(H-1)/H = 1000 each way, not 1500; with one worker a machine, the same as a ring.
     assert link_bytes(DENSE, Method(ALLREDUCE), TWO_BY_TWO,
                       hierarchical_allreduce=True) == [[1000.0, 1000.0]] * 2
-    four = Cluster(machines=4, workers_per_machine=1)
+    four = Shape(machines=4, workers_per_machine=1)
     assert (link_bytes(DENSE, Method(ALLREDUCE), four, hierarchical_allreduce=True)
             == link_bytes(DENSE, Method(ALLREDUCE), four, hierarchical_allreduce=False))
 
@@ -35,7 +35,7 @@ def test_machine_stages_pay_when_the_bytes_saved_outweigh_two_horovod_cycles():
     # 2 x 2 at 12.5 MB/s: a ring saves w/2 a link direction, 10 ms is 125 kB, so w > 250 kB.
     assert not machine_stages_pay(240e3, TWO_BY_TWO, Links())
     assert machine_stages_pay(260e3, TWO_BY_TWO, Links())
-    assert not machine_stages_pay(1e9, Cluster(machines=4, workers_per_machine=1), Links())
+    assert not machine_stages_pay(1e9, Shape(machines=4, workers_per_machine=1), Links())
 
 
 def test_a_step_in_machine_stages_pays_two_horovod_cycles_more():
@@ -89,7 +89,7 @@ def test_shards_on_every_machine_split_the_server_traffic():
 
 
 def test_one_machine_moves_nothing_between_machines():
-    one = Cluster(machines=1, workers_per_machine=4)
+    one = Shape(machines=1, workers_per_machine=4)
     assert link_bytes(SPARSE, Method(PS, (0,)), one) == [[0.0, 0.0]]
 
 
@@ -219,7 +219,7 @@ def test_a_run_options_rule_restricts_the_methods_and_shards_are_still_chosen():
     dense = VariableStats("w", nbytes=4 << 20)
     table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
                           unique=(900, 1700, 2400, 3000))
-    chosen = choose([dense, table], Cluster(4, 1), Links(), shard_counts={"w": (1, 2, 4)},
+    chosen = choose([dense, table], Shape(4, 1), Links(), shard_counts={"w": (1, 2, 4)},
                     hows={"w": PS, "a": ALLGATHER})
     assert chosen == {"w": Method(PS, (0, 1, 2, 3)), "a": Method(ALLGATHER)}
     # On 2 machines the split moves as many bytes, but on one server its machine's link sends
@@ -232,7 +232,7 @@ def test_a_run_options_rule_restricts_the_methods_and_shards_are_still_chosen():
 def test_of_plans_equally_fast_the_fewest_shards():
     # On one machine nothing crosses a link: one shard or two, the step is as fast.
     table = VariableStats("a", nbytes=1000 * 256, rows=10, row_bytes=256, unique=(9, 17))
-    assert choose([DENSE, table], Cluster(1, 2), Links(), shard_counts={"a": (1, 2)},
+    assert choose([DENSE, table], Shape(1, 2), Links(), shard_counts={"a": (1, 2)},
                   hows={"a": PS}) == {"w": Method(ALLREDUCE), "a": Method(PS, (0,))}
 
 
@@ -299,7 +299,7 @@ def test_hybrids_rule_is_a_candidate_that_the_beam_may_drop():
              + shards("softmax_b", 100_000, 4, sampled, words)
              + [VariableStats("kernel", 65536), VariableStats("recurrent", 65536),
                 VariableStats("bias", 1024)])
-    cluster, links = Cluster(4, 1), Links()
+    cluster, links = Shape(4, 1), Links()
     chosen = cost.choose(stats, cluster, links)
     seconds = cost.step_time(chosen, {s.name: s for s in stats}, cluster, links)
     assert seconds == pytest.approx(0.0619, abs=5e-4)

@@ -39,8 +39,8 @@ def test_by_default_a_plan_uses_machine_stages_when_the_bytes_saved_pay_for_them
     assert not _plan("dense", None)[1].hierarchical_allreduce
     assert _plan("dense", True)[1].hierarchical_allreduce
     assert not _plan("dense", False)[1].hierarchical_allreduce
-    assert not cost.machine_stages_pay(100e3, cost.Cluster(2, 2), cost.Links())
-    assert cost.machine_stages_pay(800e3, cost.Cluster(2, 2), cost.Links())
+    assert not cost.machine_stages_pay(100e3, cost.Shape(2, 2), cost.Links())
+    assert cost.machine_stages_pay(800e3, cost.Shape(2, 2), cost.Links())
 
 
 def test_a_plan_follows_autos_decision_on_machine_stages_unless_the_config_says():

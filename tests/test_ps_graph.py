@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import parallax
 from conftest import load_workload
+from parallax.planning import analysis
 from parallax.planning.analysis import analyze
 from parallax.cluster import Cluster
 from parallax.graph_copy import copy_graph
@@ -282,9 +283,9 @@ def test_adams_slot_decays_on_a_server_wait_for_the_aggregated_gradient(deferred
     assert sorted(op.inputs[0].op.name for op in waits) == (
         ["embedding/Adam", "embedding/Adam_1"] if deferred else [])
     for op in waits:
-        assert any(u.type == "QueueDequeueV2" for u in parallax.planning.analysis.upstream_ops([op]))
+        assert any(u.type == "QueueDequeueV2" for u in analysis.upstream_ops([op]))
     lookups = [op for op in graph.get_operations() if op.type == "ResourceGather"]
     assert lookups and not any(o.name.startswith("parallax_deferred/")
-                               for o in parallax.planning.analysis.upstream_ops(lookups))
+                               for o in analysis.upstream_ops(lookups))
     other, _ = _transformed(1, "adam+clip", run_option="HYBRID")
     assert not [op for op in other.get_operations() if op.name.startswith("parallax_deferred/")]

@@ -38,9 +38,24 @@ Horovod's background thread (MACHINE_STAGES_SECONDS).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
-ALLREDUCE, ALLGATHER, PS = "allreduce", "allgather", "parameter server"
+
+class Sync(str, enum.Enum):
+    """How a variable is synchronized: the one name for it, in the plan and in the cost model
+    (a str, so that it travels in JSON as its value)."""
+    ALLREDUCE = "allreduce"  # replicated; dense gradient summed/averaged with Horovod
+    ALLGATHER = "allgather"  # replicated; sparse gradient slices gathered from every worker
+    PS = "parameter server"  # one copy on a server; gradients aggregated there
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+ALLREDUCE, ALLGATHER, PS = Sync.ALLREDUCE, Sync.ALLGATHER, Sync.PS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +83,8 @@ class VariableStats:
 
 
 @dataclasses.dataclass(frozen=True)
-class Cluster:
+class Shape:
+    """The cluster as the cost model sees it (parallax.cluster.Cluster is the job's own)."""
     machines: int
     workers_per_machine: int
 
@@ -85,12 +101,12 @@ class Links:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    how: str  # ALLREDUCE, ALLGATHER or PS
+    how: Sync
     servers: Tuple[int, ...] = ()  # PS: the machines holding its shards
 
     def __str__(self):
         if self.how != PS:
-            return self.how
+            return str(self.how)
         return f"{PS} on {'machine' if len(self.servers) == 1 else 'machines'} " + ", ".join(
             map(str, self.servers))
 
@@ -98,7 +114,7 @@ class Method:
 Traffic = List[List[float]]  # per machine: [bytes sent, bytes received]
 
 
-def link_bytes(var: VariableStats, method: Method, cluster: Cluster,
+def link_bytes(var: VariableStats, method: Method, cluster: Shape,
                local_aggregation: bool = True, unique_pulls: bool = True,
                hierarchical_allreduce: bool = False) -> Traffic:
     """The bytes each machine's link sends and receives in one step for `var` under `method`."""
@@ -107,7 +123,7 @@ def link_bytes(var: VariableStats, method: Method, cluster: Cluster,
     return [[p[0] + q[0], p[1] + q[1]] for p, q in zip(pull, push)]
 
 
-def link_phases(var: VariableStats, method: Method, cluster: Cluster,
+def link_phases(var: VariableStats, method: Method, cluster: Shape,
                 local_aggregation: bool = True, unique_pulls: bool = True,
                 hierarchical_allreduce: bool = False) -> Tuple[Traffic, Traffic]:
     """link_bytes in the step's two phases: (pulls before the compute, what follows it)."""
@@ -145,7 +161,7 @@ def link_phases(var: VariableStats, method: Method, cluster: Cluster,
     return before, after
 
 
-def messages(var: VariableStats, method: Method, cluster: Cluster) -> int:
+def messages(var: VariableStats, method: Method, cluster: Shape) -> int:
     """Messages in sequence on the busiest link in one step (each costs a latency)."""
     if cluster.machines == 1:
         return 0
@@ -160,7 +176,7 @@ def messages(var: VariableStats, method: Method, cluster: Cluster) -> int:
 MACHINE_STAGES_SECONDS = 2 * 5e-3
 
 
-def machine_stages_pay(allreduced_bytes: float, cluster: Cluster, links: Links) -> bool:
+def machine_stages_pay(allreduced_bytes: float, cluster: Shape, links: Links) -> bool:
     """Whether a step's allreduces of `allreduced_bytes` in all, in machine stages, are faster
     than in one ring (step_time: each machine link carries 2w(H-1)/H instead of 2w(N-1)/N, for
     two more Horovod cycles). Without AUTO's measurements the plan's other traffic is not
@@ -179,7 +195,7 @@ def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: in
     return max(alone, workers_per_machine * cpu / max(cores, 1))
 
 
-def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,
+def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
               links: Links, compute: float = 0.0, alone: Optional[float] = None,
               **options) -> float:
     """Seconds per step of a whole plan: the pulls (the first phase's busiest link direction),
@@ -204,7 +220,7 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 
 
 def server_updates(choice: Dict[str, Method], stats: Dict[str, VariableStats],
-                   cluster: Cluster) -> Tuple[float, List[float]]:
+                   cluster: Shape) -> Tuple[float, List[float]]:
     """(the share of a worker's compute that the updates of the variables on servers take off
     it, per machine the share its server's updates take): a variable in k shards, 1/k of its
     update on each of its servers."""
@@ -240,7 +256,7 @@ def compute_and_pushes(compute: float, pushes: Sequence[Tuple[float, float]],
     return max(worker, link) + server_seconds
 
 
-def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Cluster,
+def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
           links: Links, hierarchical_allreduce: bool = False) -> float:
     """Seconds of a step's communication that are not its bytes: a latency for each message
     in sequence on the busiest link, and, with allreduces in machine stages, the two more
@@ -251,7 +267,7 @@ def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: C
     return rounds * links.latency + (MACHINE_STAGES_SECONDS if staged else 0.0)
 
 
-def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
+def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Shape, links: Links,
                                machine_stages: Optional[bool] = None,
                                shard_counts: Optional[Dict[str, Sequence[int]]] = None,
                                summable: Optional[Collection[str]] = None,
@@ -272,7 +288,7 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Cluster,
     return fastest[1], fastest[2]
 
 
-def _no_traffic(cluster: Cluster) -> Tuple[Traffic, Traffic]:
+def _no_traffic(cluster: Shape) -> Tuple[Traffic, Traffic]:
     return tuple([[0.0, 0.0] for _ in range(cluster.machines)] for _ in range(2))
 
 
@@ -312,7 +328,7 @@ def balance_by_bytes(sizes: Sequence[Tuple[str, int]], servers: int,
 
 
 def _with_balanced_servers(choice: Dict[str, Method], stats: Dict[str, VariableStats],
-                          cluster: Cluster) -> Dict[str, Method]:
+                          cluster: Shape) -> Dict[str, Method]:
     """`choice` with its variables on one server each placed by HYBRID's rule
     (balance_by_bytes), beside the shards of those split over several servers."""
     single = [name for name, method in choice.items()
@@ -339,7 +355,7 @@ SPLIT_MARGIN = 0.05
 PLACEMENT_MARGIN = 0.05
 
 
-def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
+def choose(stats: Sequence[VariableStats], cluster: Shape, links: Links,
            shard_counts: Optional[Dict[str, Sequence[int]]] = None,
            summable: Optional[Collection[str]] = None,
            hows: Optional[Dict[str, str]] = None, off_servers: Collection[str] = (),
@@ -393,7 +409,7 @@ def choose(stats: Sequence[VariableStats], cluster: Cluster, links: Links,
     return best
 
 
-def _rule_plan(stats: Sequence[VariableStats], cluster: Cluster,
+def _rule_plan(stats: Sequence[VariableStats], cluster: Shape,
                shard_counts: Optional[Dict[str, Sequence[int]]],
                hows: Optional[Dict[str, str]], off_servers: Collection[str]
                ) -> Dict[str, Method]:
@@ -408,7 +424,7 @@ def _rule_plan(stats: Sequence[VariableStats], cluster: Cluster,
     return plan
 
 
-def _candidates(var: VariableStats, cluster: Cluster,
+def _candidates(var: VariableStats, cluster: Shape,
                 shard_counts: Optional[Dict[str, Sequence[int]]],
                 summable: Optional[Collection[str]],
                 hows: Optional[Dict[str, str]], off_servers: Collection[str]) -> List[Method]:

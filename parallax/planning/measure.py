@@ -42,8 +42,8 @@ class Measurements:
     compute_problem: Optional[str] = None  # why the step was not timed
 
     @property
-    def shape(self) -> cost.Cluster:
-        return cost.Cluster(len(self.workers_per_machine), max(self.workers_per_machine))
+    def shape(self) -> cost.Shape:
+        return cost.Shape(len(self.workers_per_machine), max(self.workers_per_machine))
 
 
 def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],

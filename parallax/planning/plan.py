@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import enum
 import json
 import zlib
 from typing import Dict, List, Optional, Tuple
@@ -15,12 +14,13 @@ from parallax.cluster import Cluster
 from parallax.config import Config, PSConfig
 from parallax.errors import ParallaxError
 from parallax.planning import cost
+from parallax.planning.cost import Sync
 from parallax.planning.analysis import GraphAnalysis, VariableInfo
 
 
 @dataclasses.dataclass
 class Decision:
-    methods: Dict[str, dict]  # variable -> {"how": cost.ALLREDUCE/ALLGATHER/PS, "server": int}
+    methods: Dict[str, dict]  # variable -> {"how": a cost.Sync value, "server": int or None}
     stats: Dict[str, dict]  # variable -> cost.VariableStats fields, as measured
     note: str  # how it was decided
     # Seconds of a worker's compute, its machine's cores shared (cost.shared_compute)
@@ -46,12 +46,6 @@ class Decision:
         return {name: cost.VariableStats(**{**fields, "unique": tuple(fields["unique"])})
                 for name, fields in self.stats.items()}
 
-
-
-class Sync(enum.Enum):
-    ALLREDUCE = "allreduce"  # replicated; dense gradient summed/averaged with Horovod
-    ALLGATHER = "allgather"  # replicated; sparse gradient slices gathered from every worker
-    PS = "parameter server"  # one copy on a server; gradients aggregated there
 
 
 @dataclasses.dataclass
@@ -237,8 +231,8 @@ def _machine_stages(config: Config, cluster: Cluster, variables: Dict[str, Varia
     return cost.machine_stages_pay(allreduced, cost_shape(cluster), links)
 
 
-def cost_shape(cluster: Cluster) -> cost.Cluster:
-    return cost.Cluster(cluster.num_machines, max(len(cluster.workers_on(m))
+def cost_shape(cluster: Cluster) -> cost.Shape:
+    return cost.Shape(cluster.num_machines, max(len(cluster.workers_on(m))
                                                   for m in range(cluster.num_machines)))
 
 
