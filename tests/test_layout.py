@@ -102,3 +102,22 @@ def test_runner_imports_no_tensorflow_and_no_parallax():
             "('tensorflow', 'parallax', 'keras')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_pipeline_is_in_an_order_its_passes_declare_possible():
+    from parallax.rewriting import pipeline
+
+    for pipelines in (pipeline._PIPELINES, pipeline._ASYNC_PIPELINES):
+        for passes in pipelines.values():
+            pipeline.check_order(passes)
+            assert all(hasattr(p, "declaration") for p in passes)
+
+
+def test_a_pass_before_what_it_needs_is_named():
+    from parallax.errors import ParallaxError
+    from parallax.rewriting import pipeline
+    from parallax.rewriting.passes.ps import aggregate_on_servers, place_variables_on_servers
+
+    with pytest.raises(ParallaxError, match=r"pass aggregate_on_servers needs \['server "
+                                            r"variables placed'\], which no pass before it"):
+        pipeline.check_order([aggregate_on_servers, place_variables_on_servers])

@@ -1,13 +1,18 @@
-"""Transformation passes: each takes the graph (and the plan) and returns the graph rewritten
-for one concern. `transform` composes them for the plan's run option; HYBRID is the AllReduce
-passes over the dense variables and the PS passes over the sparse ones, each pass handling the
-variables the plan gives its kind of synchronization."""
+"""The pipeline of passes: `transform` composes them for the plan's run option; HYBRID is the
+AllReduce passes over the dense variables and the PS passes over the sparse ones, each pass
+handling the variables the plan gives its kind of synchronization. Before it runs them it checks
+their order against what each declares it needs and produces (passes/__init__.py)."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import tensorflow as tf
 
+from parallax.errors import ParallaxError
+from parallax.planning.plan import Plan
+from parallax.rewriting.passes import Pass
 from parallax.rewriting.passes.allreduce import (allreduce_gradients, average_worker_state,
-                                       broadcast_initial_values)
+                                                 broadcast_initial_values)
 from parallax.rewriting.passes.batch_norm import synchronize_batch_statistics
 from parallax.rewriting.passes.boundary import place_boundary_ops
 from parallax.rewriting.passes.dense_shapes import free_constant_dense_shapes
@@ -15,11 +20,10 @@ from parallax.rewriting.passes.defer_server_work import defer_gradient_free_serv
 from parallax.rewriting.passes.loop_reads import copy_loop_reads_to_worker
 from parallax.rewriting.passes.placement import place_post_aggregation_ops
 from parallax.rewriting.passes.ps import (aggregate_on_servers, mark_servers_ready,
-                                place_variables_on_servers)
+                                          place_variables_on_servers)
 from parallax.rewriting.passes.replicate import pin_to_worker, separate_runner_state
 from parallax.rewriting.passes.sync import synchronize_steps
 from parallax.rewriting.passes.unique_rows import gather_unique_rows
-from parallax.planning.plan import Plan
 
 # Every mode may keep replicas (in PS mode: state written from each worker's own data).
 _REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, average_worker_state,
@@ -45,7 +49,21 @@ _ASYNC_PIPELINES = {
 
 
 def transform(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    pipelines = _ASYNC_PIPELINES if plan.asynchronous else _PIPELINES
-    for graph_pass in pipelines[plan.run_option]:
-        graph = graph_pass(graph, plan)
+    passes = (_ASYNC_PIPELINES if plan.asynchronous else _PIPELINES)[plan.run_option]
+    check_order(passes)
+    for graph_pass in passes:
+        if graph_pass.declaration.runs_if(plan):
+            graph = graph_pass(graph, plan)
     return graph
+
+
+def check_order(passes: Sequence[Pass]) -> None:
+    """Raise, naming the pass, where one needs a fact that no pass before it produces."""
+    produced = set()
+    for graph_pass in passes:
+        missing = sorted(graph_pass.declaration.needs - produced)
+        if missing:
+            raise ParallaxError(
+                f"pass {graph_pass.__name__} needs {missing}, which no pass before it produces "
+                f"(pipeline: {', '.join(p.__name__ for p in passes)})")
+        produced |= graph_pass.declaration.produces

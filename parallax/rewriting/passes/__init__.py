@@ -1,2 +1,35 @@
 """The passes: each a function from a graph and the plan to the graph rewritten for one
-concern. `parallax.rewriting.pipeline` composes them."""
+concern, declared with `graph_pass`: the facts about the graph it needs earlier passes to have
+established, those it establishes, and which plans it applies to. The pipeline
+(parallax/rewriting/pipeline.py) checks the order from the declarations and runs the passes."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, FrozenSet, Iterable
+
+import tensorflow as tf
+
+from parallax.planning.plan import Plan
+
+Pass = Callable[[tf.Graph, Plan], tf.Graph]
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    needs: FrozenSet[str]  # facts a pass before it must produce
+    produces: FrozenSet[str]  # facts true of the graph once it ran (or was not needed)
+    runs_if: Callable[[Plan], bool]  # the plans it rewrites for; the others skip it
+
+
+def graph_pass(needs: Iterable[str] = (), produces: Iterable[str] = (),
+               runs_if: Callable[[Plan], bool] = lambda plan: True):
+    """Declare a pass (a decorator). A pass skipped by `runs_if` still counts as producing its
+    facts: the plan needed nothing of it."""
+    def declare(function: Pass) -> Pass:
+        function.declaration = Declaration(frozenset(needs), frozenset(produces), runs_if)
+        return function
+    return declare
+
+
+def with_servers(plan: Plan) -> bool:
+    return plan.cluster.has_servers

@@ -12,10 +12,12 @@ from parallax.rewriting import machine_allreduce, row_sums
 from parallax.rewriting.rewire import record_aggregated, reroute
 from parallax.planning.rows import rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
+from parallax.rewriting.passes import graph_pass
 
 BROADCAST_COLLECTION = "parallax_broadcast"
 
 
+@graph_pass(produces=["aggregated by allreduce"])
 def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Dense gradients become their allreduce; sparse ones the allgather of their slices, or
     (Sync.ALLREDUCE for a sparse variable: its gradients are nearly dense) the allreduce of
@@ -98,6 +100,7 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
         row_sums.use_carried_norm(consumers[values], norm, trigger=new_values.op)
 
 
+@graph_pass(produces=["per-worker state averaged"])
 def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """State written from each worker's own data (a loss average, a batch's moving statistics)
     stays identical on every worker: each such write takes the mean over workers of the value
@@ -113,12 +116,12 @@ def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
     return graph
 
 
+@graph_pass(produces=["replicas start alike"],
+            runs_if=lambda plan: plan.uses_horovod)
 def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Add the op that copies rank 0's initial values to every replica (run once after
     initialization): replicas must start identical to stay identical. Server-resident
     variables have a single copy and are left out."""
-    if not plan.uses_horovod:
-        return graph
     with graph.as_default(), tf.name_scope("parallax_broadcast"):
         variables = [v for v in tf.compat.v1.global_variables()
                      if plan.server_of(v.op.name) is None]

@@ -17,11 +17,12 @@ import tensorflow as tf
 from parallax.capture import read_statistic_gradients
 from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass
 
 
+@graph_pass(produces=["batch statistics combined"],
+            runs_if=lambda plan: plan.sync_batch_norm)
 def synchronize_batch_statistics(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not plan.sync_batch_norm:
-        return graph
     incoming = read_statistic_gradients(graph)
     with graph.as_default(), tf.name_scope("parallax_sync_batch_norm"):
         for mean_name, variance_name in plan.batch_moments:

@@ -11,15 +11,17 @@ import tensorflow as tf
 
 from parallax import tf_private
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass, with_servers
 
 LIGHT_OPS = frozenset({
     "Cast", "Slice", "StridedSlice", "GatherV2", "Gather", "Reshape", "Squeeze", "ExpandDims",
     "Identity", "Transpose", "Bitcast"})
 
 
+@graph_pass(needs=["worker ops pinned"], produces=["boundary ops placed"],
+            runs_if=lambda plan: (with_servers(plan)
+                                  and plan.ps_config.boundary_between_workers_and_servers))
 def place_boundary_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not (plan.cluster.has_servers and plan.ps_config.boundary_between_workers_and_servers):
-        return graph
     moved = True
     while moved:  # a chain of light ops (read -> slice -> cast) moves one op at a time
         moved = False

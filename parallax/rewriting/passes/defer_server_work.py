@@ -18,12 +18,14 @@ from parallax import tf_private
 from parallax.planning.analysis import consumers, downstream_ops, upstream_ops
 from parallax.rewriting.rewire import read_aggregated
 from parallax.planning.plan import Plan, Sync
+from parallax.rewriting.passes import graph_pass
 
 
+@graph_pass(needs=["aggregated on servers", "post-aggregation ops placed", "boundary ops placed"],
+            produces=["gradient-free server work deferred"],
+            runs_if=lambda plan: (plan.cluster.is_chief
+                                  and plan.ps_config.defer_gradient_free_server_work))
 def defer_gradient_free_server_work(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    cluster = plan.cluster
-    if not (cluster.is_chief and plan.ps_config.defer_gradient_free_server_work):
-        return graph
     gates = _aggregates_by_variable(graph, plan)
     writes = {graph.get_operation_by_name(name) for name in plan.server_writes}
     aggregates = sorted({op for ops in gates.values() for op in ops}, key=lambda op: op.name)

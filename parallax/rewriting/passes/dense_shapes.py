@@ -8,8 +8,10 @@ import tensorflow as tf
 
 from parallax import tf_private
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass
 
 
+@graph_pass(produces=["dense shapes free of control inputs"])
 def free_constant_dense_shapes(graph: tf.Graph, plan: Plan) -> tf.Graph:
     for var_plan in plan.variables.values():
         for record in var_plan.variable.gradients:

@@ -11,13 +11,14 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.planning.plan import Plan
 from parallax.rewriting.rewire import reroute
+from parallax.rewriting.passes import graph_pass, with_servers
 
 LOOPS = frozenset({"While", "StatelessWhile"})  # a function called once (If, a call) reads once
 
 
+@graph_pass(needs=["worker ops pinned"], produces=["loop reads on the worker"],
+            runs_if=with_servers)
 def copy_loop_reads_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not plan.cluster.has_servers:
-        return graph
     copies = {}  # server variable handle op -> (copy's handle, refresh op)
     for op in graph.get_operations():
         if op.type not in LOOPS or not op.device.startswith("/job:worker"):

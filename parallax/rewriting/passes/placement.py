@@ -15,11 +15,13 @@ from parallax import tf_private
 from parallax.capture import VARIABLE_OP_TYPES
 from parallax.rewriting.rewire import read_aggregated
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass, with_servers
 
 
+@graph_pass(needs=["aggregated on servers", "worker ops pinned"],
+            produces=["post-aggregation ops placed"],
+            runs_if=lambda plan: with_servers(plan) and plan.ps_config.post_aggregation_placement)
 def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not (plan.cluster.has_servers and plan.ps_config.post_aggregation_placement):
-        return graph
     starts = {graph.get_tensor_by_name(name).op for name in read_aggregated(graph).values()}
     # The writes of optimizer slots count as updates: Adam's sparse update reaches the
     # variable from the gradient only through its slots (scatter into m, then read m).

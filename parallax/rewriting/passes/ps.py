@@ -19,11 +19,13 @@ from parallax.rewriting.queues import concat_slices, shared_queue
 from parallax.rewriting.rewire import record_aggregated, reroute
 from parallax.planning.rows import rows_can_be_summed, rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
+from parallax.rewriting.passes import graph_pass
 
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
 
 
+@graph_pass(produces=["server variables placed"])
 def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Each server-resident variable, and every op that touches its handle or is colocated
     with it (reads, gathers, updates, initializer, slots), goes to its server. A replicated
@@ -53,6 +55,7 @@ def _colocate_with_itself(op) -> None:
     tf_private.set_attr(op, "_class", own)
 
 
+@graph_pass(needs=["server variables placed"], produces=["servers ready signal"])
 def mark_servers_ready(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Asynchronous training has no mirror variables, whose initialization by the chief (after
     the servers' variables, and their restore from a checkpoint) tells the other workers they
@@ -64,6 +67,7 @@ def mark_servers_ready(graph: tf.Graph, plan: Plan) -> tf.Graph:
     return graph
 
 
+@graph_pass(needs=["server variables placed"], produces=["aggregated on servers"])
 def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     cluster = plan.cluster
     with graph.as_default(), tf.name_scope("parallax_ps"):

@@ -14,11 +14,12 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.capture import FUNCTION_CALL_OPS
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass, with_servers
 
 
+@graph_pass(needs=["server variables placed", "per-worker state averaged"],
+            produces=["worker ops pinned"], runs_if=with_servers)
 def pin_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not plan.cluster.has_servers:
-        return graph  # no cluster: the local session's devices are already this worker's
     for op in graph.get_operations():
         spec = tf.DeviceSpec.from_string(op.device or "")
         if spec.job == "ps":
@@ -32,13 +33,13 @@ def pin_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
     return graph
 
 
+@graph_pass(needs=["server variables placed"], produces=["runner state separate"],
+            runs_if=with_servers)
 def separate_runner_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """The state of each get_runner call of a process in its own container. Servers (and a
     worker's own gRPC server) outlive a session, so a second runner (another graph, the next
     configuration) would otherwise find the first one's variables and queues under the same
     names, already initialized."""
-    if not plan.cluster.has_servers:
-        return graph  # a local session's state dies with the session
     container = tf.compat.v1.AttrValue(s=f"parallax.run{plan.run_index}".encode())
     for op in graph.get_operations():
         if "container" in op.node_def.attr:

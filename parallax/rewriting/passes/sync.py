@@ -27,6 +27,7 @@ from parallax.errors import ParallaxError
 from parallax.rewriting.passes.ps import MIRROR_READ_COLLECTION
 from parallax.rewriting.rewire import read_triggers, reroute
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass, with_servers
 
 # JSON: {"token_queues": [queue handle tensor names], "restore_queues": [the same]} (the chief's
 # graph only) and, per server update, {"write": its name} in the chief's graph, {"write": its
@@ -35,10 +36,10 @@ from parallax.planning.plan import Plan
 STEP_COLLECTION = "parallax_step"
 
 
+@graph_pass(needs=["aggregated on servers", "worker ops pinned"], produces=["steps synchronized"],
+            runs_if=with_servers)
 def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
     cluster = plan.cluster
-    if not cluster.has_servers:
-        return graph
     # plan.make_plan refused server writes the gradients wait for: they would wait for a token.
     writes = [graph.get_operation_by_name(name) for name in plan.server_writes]
     with graph.as_default(), tf.name_scope("parallax_sync"):

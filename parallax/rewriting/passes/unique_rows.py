@@ -11,11 +11,13 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
+from parallax.rewriting.passes import graph_pass, with_servers
 
 
+@graph_pass(needs=["worker ops pinned"], produces=["unique rows gathered"],
+            runs_if=lambda plan: (with_servers(plan)
+                                  and plan.ps_config.boundary_between_workers_and_servers))
 def gather_unique_rows(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    if not (plan.cluster.has_servers and plan.ps_config.boundary_between_workers_and_servers):
-        return graph
     lookups = [op for op in graph.get_operations() if op.type == "ResourceGather"
                and op.device.startswith("/job:ps") and op.get_attr("batch_dims") == 0
                and op.inputs[1].op.device.startswith("/job:worker")]
