@@ -6,68 +6,26 @@ TensorFlow's `_GradientsHelper` (tf_private.gradients_helper), which its callers
 module at call time. Wrapping that one function sees every gradient before user code can clip or
 scale it.
 
-The record is a graph collection of JSON strings, so it travels with the graph through
-MetaGraphDef export and import; Python-side state would not. The gradient of a batch mean is
-recorded too, by wrapping TF's registered gradient of Mean, for sync_batch_norm.
+The record is a graph collection of JSON strings (contracts.py), so it travels with the graph
+through MetaGraphDef export and import; Python-side state would not. The gradient of a batch
+mean is recorded too, by wrapping TF's registered gradient of Mean, for sync_batch_norm.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from parallax import tf_private
-
-GRADIENTS_COLLECTION = "parallax_gradients"
-STATISTIC_GRADIENTS_COLLECTION = "parallax_statistic_gradients"  # see _recording_mean_gradient
+from parallax import contracts, tf_private
+from parallax.contracts import GradientRecord
 
 # The ops that are variables, resource (VarHandleOp) or reference (VariableV2, Variable).
 VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
 # Ops that run a function (tf.cond's branches, a while loop's body) on the handles they take.
 FUNCTION_CALL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
                                "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
-
-
-@dataclasses.dataclass(frozen=True)
-class GradientRecord:
-    """One variable's gradient as autodiff produced it; names are graph element names."""
-
-    variable: str  # the variable's op name (VarHandleOp / VariableV2)
-    dense: Optional[str] = None  # tensor name of a dense gradient
-    values: Optional[str] = None  # IndexedSlices parts of a sparse gradient
-    indices: Optional[str] = None
-    dense_shape: Optional[str] = None
-
-    @property
-    def is_sparse(self) -> bool:
-        return self.values is not None
-
-    def tensor_names(self) -> List[str]:
-        return [n for n in (self.dense, self.values, self.indices) if n is not None]
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text) -> "GradientRecord":
-        if isinstance(text, bytes):
-            text = text.decode()
-        return cls(**json.loads(text))
-
-
-def read_records(graph: tf.Graph) -> List[GradientRecord]:
-    """The gradients recorded in `graph`, in recording order, without repeats."""
-    seen, records = set(), []
-    for text in graph.get_collection(GRADIENTS_COLLECTION):
-        record = GradientRecord.from_json(text)
-        if record not in seen:
-            seen.add(record)
-            records.append(record)
-    return records
 
 
 def _variable_op_name(x) -> Optional[str]:
@@ -94,7 +52,7 @@ def _record(xs, grads) -> None:
         else:
             continue
         grad_graph = (grad.values if isinstance(grad, tf.IndexedSlices) else grad).graph
-        grad_graph.add_to_collection(GRADIENTS_COLLECTION, record.to_json())
+        contracts.record_gradient(grad_graph, record)
 
 
 def _recording(gradients_helper):
@@ -110,12 +68,6 @@ def _recording(gradients_helper):
 
     helper.parallax_recording = True
     return helper
-
-
-def read_statistic_gradients(graph: tf.Graph) -> Dict[str, str]:
-    """Mean op name -> the gradient autodiff passed into it (for sync_batch_norm)."""
-    pairs = (json.loads(text) for text in graph.get_collection(STATISTIC_GRADIENTS_COLLECTION))
-    return {pair["op"]: pair["gradient"] for pair in pairs}
 
 
 def batch_moments(graph: tf.Graph) -> List[Tuple[str, str]]:
@@ -146,8 +98,7 @@ def _recording_mean_gradient(mean_gradient):
     def gradient(op, grad):
         if isinstance(grad, tf.Tensor) and _reduces_batch_axis(op):
             grad = tf.identity(grad, name="parallax_statistic_gradient")
-            op.graph.add_to_collection(STATISTIC_GRADIENTS_COLLECTION, json.dumps(
-                {"op": op.name, "gradient": grad.name}))
+            contracts.record_statistic_gradient(op.graph, op.name, grad.name)
         return mean_gradient(op, grad)
 
     gradient.parallax_recording = True

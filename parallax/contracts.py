@@ -1,13 +1,22 @@
-"""Every hand-off between the job's processes: the environment the driver writes for each
-process it starts, with one typed writer and one reader for each variable. A worker learns
-from it its role, the cluster and its identity in it, the plan, and the shards the plan gives
-parallax.get_partitioner's calls (read while the script builds its graph, before get_runner).
+"""Every hand-off between the job's processes, and between the passes and the runtime, each
+with a typed writer and a typed reader.
+
+- The environment the driver writes for each process it starts. A worker learns from it its
+  role, the cluster and its identity in it, the plan, and the shards the plan gives
+  parallax.get_partitioner's calls (read while the script builds its graph, before get_runner).
+- The graph collections: the gradients capture records while the script builds its graph
+  (which travel with it into each copy), the partitioner's calls, the split of variables, and
+  what the passes leave in a worker's copy for the passes after them and for the runtime (the
+  aggregates, the step's tokens and cuts, the broadcast, the server state).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import tensorflow as tf
 
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
@@ -57,3 +66,239 @@ def read_partition_counts() -> Dict[int, int]:
     """{call: shards} of the driver's plan; empty outside a job, or in the driver."""
     text: Optional[str] = os.environ.get(PARTITIONS_ENV)
     return {int(call): count for call, count in json.loads(text).items()} if text else {}
+
+
+# --- Graph collections: what capture, the passes and the runtime hand each other. ------------
+# JSON strings travel with the graph through a MetaGraphDef (graph_copy.py's copy); ops and
+# variables go by name; Python objects are read only in the graph that holds them.
+
+GRADIENTS_COLLECTION = "parallax_gradients"  # GradientRecord.to_json(), capture.py's records
+STATISTIC_GRADIENTS_COLLECTION = "parallax_statistic_gradients"  # {"op", "gradient"} JSON
+AGGREGATED_COLLECTION = "parallax_aggregated"  # AggregateRecord JSON, one per aggregate
+# JSON records of step synchronization (passes/sync.py): {"token_queues", "restore_queues"} and
+# {"write"} in the chief's graph; {"write", "cut"} and {"restore_wait"} in the others'.
+STEP_COLLECTION = "parallax_step"
+BROADCAST_COLLECTION = "parallax_broadcast"  # ops copying worker 0's initial values
+MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' reads of mirror variables
+SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes last
+# PartitionerCall objects in call order, read in the graph the script built (a MetaGraphDef
+# drops them: TensorFlow warns that it cannot serialize them).
+PARTITIONER_CALLS_COLLECTION = "parallax_partitioner_calls"
+# Not a str: get_all_collection_keys, hence export_meta_graph (a Saver's meta graph of the
+# copy), skips it, as it holds a Python object no MetaGraphDef can.
+SPLIT_STATE_COLLECTION = ("parallax_split_state",)
+
+
+def _decoded(text) -> dict:
+    # A collection imported from a MetaGraphDef holds bytes.
+    return json.loads(text.decode() if isinstance(text, bytes) else text)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientRecord:
+    """One variable's gradient as autodiff produced it; names are graph element names."""
+
+    variable: str  # the variable's op name (VarHandleOp / VariableV2)
+    dense: Optional[str] = None  # tensor name of a dense gradient
+    values: Optional[str] = None  # IndexedSlices parts of a sparse gradient
+    indices: Optional[str] = None
+    dense_shape: Optional[str] = None
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.values is not None
+
+    def tensor_names(self) -> List[str]:
+        return [n for n in (self.dense, self.values, self.indices) if n is not None]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text) -> "GradientRecord":
+        return cls(**_decoded(text))
+
+
+def record_gradient(graph: tf.Graph, record: GradientRecord) -> None:
+    """Written by capture.py as autodiff produces each variable's gradient."""
+    graph.add_to_collection(GRADIENTS_COLLECTION, record.to_json())
+
+
+def read_gradients(graph: tf.Graph, unique: bool = True) -> List[GradientRecord]:
+    """The gradients recorded in `graph`, in recording order, without repeats unless `unique`
+    is False (a rewrite of the list, replace_gradients, keeps it as it is)."""
+    records = [GradientRecord.from_json(text)
+               for text in graph.get_collection(GRADIENTS_COLLECTION)]
+    return list(dict.fromkeys(records)) if unique else records
+
+
+def replace_gradients(graph: tf.Graph, records: Sequence[GradientRecord]) -> None:
+    """The recorded gradients become `records` (split_variables.py: a split variable's
+    gradient becomes its shards')."""
+    graph.get_collection_ref(GRADIENTS_COLLECTION)[:] = [r.to_json() for r in records]
+
+
+def record_statistic_gradient(graph: tf.Graph, mean_op: str, gradient: str) -> None:
+    """Written by capture.py: the gradient autodiff passed into a batch mean's op."""
+    graph.add_to_collection(STATISTIC_GRADIENTS_COLLECTION, json.dumps(
+        {"op": mean_op, "gradient": gradient}))
+
+
+def read_statistic_gradients(graph: tf.Graph) -> Dict[str, str]:
+    """Mean op name -> the gradient autodiff passed into it (for sync_batch_norm)."""
+    pairs = (_decoded(text) for text in graph.get_collection(STATISTIC_GRADIENTS_COLLECTION))
+    return {pair["op"]: pair["gradient"] for pair in pairs}
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregateRecord:
+    """What a recorded gradient tensor became after aggregation, so the session can hand the
+    user the aggregated value when they fetch a gradient, as single-device training would."""
+
+    source: str  # the gradient tensor's name
+    aggregated: str  # its aggregate's
+    trigger: str  # the op whose run makes this worker take part in the aggregation
+    on_server: bool = False  # aggregated on a parameter server: the chief releases the step
+
+
+def record_aggregated(source: tf.Tensor, aggregated: tf.Tensor,
+                      trigger: Optional[tf.Operation] = None, on_server: bool = False) -> None:
+    """Note that `aggregated` is what `source` became. `trigger` is the op whose run makes this
+    worker take part in the aggregation (its push, when the aggregate is read from elsewhere);
+    by default the aggregate's own op. `on_server`: aggregated on a parameter server, where the
+    chief's release of the step tells the other workers it is there."""
+    record = AggregateRecord(source.name, aggregated.name, (trigger or aggregated.op).name,
+                             on_server)
+    source.graph.add_to_collection(AGGREGATED_COLLECTION, json.dumps(dataclasses.asdict(record)))
+
+
+def read_aggregates(graph: tf.Graph) -> List[AggregateRecord]:
+    """Every aggregate recorded, in recording order."""
+    return [AggregateRecord(**_decoded(text))
+            for text in graph.get_collection(AGGREGATED_COLLECTION)]
+
+
+def read_aggregated(graph: tf.Graph) -> Dict[str, str]:
+    """Recorded gradient tensor name -> the name of its aggregate."""
+    return {r.source: r.aggregated for r in read_aggregates(graph)}
+
+
+def read_triggers(graph: tf.Graph) -> Dict[str, str]:
+    """Aggregate tensor name -> the op whose run makes this worker take part in it."""
+    return {r.aggregated: r.trigger for r in read_aggregates(graph)}
+
+
+def read_server_aggregates(graph: tf.Graph) -> Set[str]:
+    """Names of the aggregate tensors that come from a parameter server."""
+    return {r.aggregated for r in read_aggregates(graph) if r.on_server}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepQueues:
+    """The chief's queues of step tokens, one per other worker: their handle tensors' names.
+    Field names are release_step's `queues` argument."""
+
+    token_queues: Tuple[str, ...]
+    restore_queues: Tuple[str, ...]
+
+
+def record_step_queues(graph: tf.Graph, queues: StepQueues) -> None:
+    """Written by synchronize_steps in the chief's graph."""
+    graph.add_to_collection(STEP_COLLECTION, json.dumps(
+        {"token_queues": list(queues.token_queues),
+         "restore_queues": list(queues.restore_queues)}))
+
+
+def read_step_queues(graph: tf.Graph) -> Optional[StepQueues]:
+    """The chief's step queues; None in another worker's graph, or without step
+    synchronization."""
+    record = next((r for r in _step_records(graph) if "restore_queues" in r), None)
+    return None if record is None else StepQueues(tuple(record["token_queues"]),
+                                                  tuple(record["restore_queues"]))
+
+
+def record_server_write(graph: tf.Graph, write: tf.Operation,
+                        cut: Optional[tf.Operation] = None) -> None:
+    """A server-side update `write`; `cut`, in a worker other than the chief, what replaces it
+    there (the wait for the chief to apply it)."""
+    record = {"write": write.name} if cut is None else {"write": write.name, "cut": cut.name}
+    graph.add_to_collection(STEP_COLLECTION, json.dumps(record))
+
+
+def read_server_writes(graph: tf.Graph) -> Dict[str, Optional[str]]:
+    """Server-side update name -> the cut that replaces it (None in the chief's graph)."""
+    return {r["write"]: r.get("cut") for r in _step_records(graph) if "write" in r}
+
+
+def record_restore_wait(graph: tf.Graph, wait: tf.Operation) -> None:
+    """Written in a worker other than the chief: its op waiting for the chief's restore."""
+    graph.add_to_collection(STEP_COLLECTION, json.dumps({"restore_wait": wait.name}))
+
+
+def read_restore_wait(graph: tf.Graph) -> Optional[tf.Operation]:
+    """What a worker other than the chief runs to wait for the chief's restore (None in the
+    chief's graph, or without step synchronization)."""
+    name = next((r["restore_wait"] for r in _step_records(graph) if "restore_wait" in r), None)
+    return None if name is None else graph.get_operation_by_name(name)
+
+
+def _step_records(graph):
+    return (_decoded(text) for text in graph.get_collection(STEP_COLLECTION))
+
+
+def record_broadcast(graph: tf.Graph, op: tf.Operation) -> None:
+    """Written by broadcast_initial_values: run once, after initialization, by every worker."""
+    graph.add_to_collection(BROADCAST_COLLECTION, op)
+
+
+def read_broadcasts(graph: tf.Graph) -> List[tf.Operation]:
+    return graph.get_collection(BROADCAST_COLLECTION)
+
+
+def record_mirror_read(graph: tf.Graph, read: tf.Operation) -> None:
+    """Written by the PS pass in a worker other than the chief: a read of a mirror variable,
+    which synchronize_steps makes wait for the step's token."""
+    graph.add_to_collection(MIRROR_READ_COLLECTION, read)
+
+
+def read_mirror_reads(graph: tf.Graph) -> List[tf.Operation]:
+    return graph.get_collection(MIRROR_READ_COLLECTION)
+
+
+def record_server_state(graph: tf.Graph, variable: tf.Variable) -> None:
+    """A variable of the runner's own on a server (a mirror, the servers' ready flag), made
+    with collections=[]: the chief initializes these last, which tells the other workers the
+    model's variables are ready (worker.py)."""
+    graph.add_to_collection(SERVER_STATE_COLLECTION, variable)
+
+
+def read_server_state(graph: tf.Graph) -> List[tf.Variable]:
+    return graph.get_collection(SERVER_STATE_COLLECTION)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionerCall:
+    """One call of a partitioner of parallax.get_partitioner, in the order the graph made them."""
+
+    first_variable: int  # the index its first shard has in GLOBAL_VARIABLES
+    min_partitions: int
+
+
+def record_partitioner_call(graph: tf.Graph, call: PartitionerCall) -> None:
+    graph.add_to_collection(PARTITIONER_CALLS_COLLECTION, call)
+
+
+def read_partitioner_calls(graph: tf.Graph) -> List[PartitionerCall]:
+    return graph.get_collection(PARTITIONER_CALLS_COLLECTION)
+
+
+def record_split_state(graph: tf.Graph, state: Any) -> None:
+    """What split_variables.py did to `graph`, for its later rewrites and fetches; it replaces
+    any state recorded before."""
+    graph.get_collection_ref(SPLIT_STATE_COLLECTION)[:] = [state]
+
+
+def read_split_state(graph: tf.Graph) -> Any:
+    """The state record_split_state recorded in `graph`, or None."""
+    states = graph.get_collection(SPLIT_STATE_COLLECTION)
+    return states[-1] if states else None

@@ -16,21 +16,14 @@ from typing import List
 import tensorflow as tf
 
 from parallax import contracts, tf_private
+from parallax.contracts import PartitionerCall
 from parallax.errors import ParallaxError
-
-CALLS_COLLECTION = "parallax_partitioner_calls"  # one _Call per call, in the order made
 
 
 def shard_name(variable: str, j: int) -> str:
     """Shard j of a variable in row shards: TensorFlow's name for a partitioned variable's,
     which Parallax's own split (passes/split_variables.py) uses too."""
     return f"{variable}/part_{j}"
-
-
-@dataclasses.dataclass
-class _Call:
-    first_variable: int  # the index its first shard has in GLOBAL_VARIABLES
-    min_partitions: int
 
 
 @dataclasses.dataclass
@@ -57,10 +50,10 @@ def get_partitioner(min_partitions: int = 1):
 
     def partitioner(shape, dtype):  # pylint: disable=unused-argument
         graph = tf.compat.v1.get_default_graph()
-        calls = graph.get_collection_ref(CALLS_COLLECTION)
-        count = contracts.read_partition_counts().get(len(calls), min_partitions)
-        calls.append(_Call(len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)),
-                           min_partitions))
+        call = len(contracts.read_partitioner_calls(graph))
+        count = contracts.read_partition_counts().get(call, min_partitions)
+        contracts.record_partitioner_call(graph, PartitionerCall(
+            len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)), min_partitions))
         return [max(1, min(count, shape[0]))] + [1] * (len(shape) - 1)
 
     return partitioner
@@ -70,7 +63,7 @@ def partitioned_variables(graph: tf.Graph) -> List[Partitioned]:
     """The variables of `graph` Parallax's partitioners made, by call."""
     variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     made = []
-    for call in graph.get_collection(CALLS_COLLECTION):
+    for call in contracts.read_partitioner_calls(graph):
         first = variables[call.first_variable] if call.first_variable < len(variables) else None
         info = tf_private.save_slice_info(first) if first is not None else None
         if info is None:

@@ -22,8 +22,6 @@ from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.describe import describe
 from parallax.planning.plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
-from parallax.rewriting.passes.allreduce import BROADCAST_COLLECTION
-from parallax.rewriting.passes.ps import SERVER_STATE_COLLECTION
 from parallax.rewriting.pipeline import transform
 from parallax.rewriting.split_variables import copy_and_split
 from parallax.runtime.checkpoint import Checkpointer
@@ -155,7 +153,7 @@ def _initialize(session, graph, cluster, checkpointer) -> None:
         replicas = [v for v in variables if not v.op.device.startswith("/job:ps")]
         # The chief initializes the runner's own server state (mirrors) last: once it is
         # there, the others know the model's variables are ready.
-        ready_signal = graph.get_collection(SERVER_STATE_COLLECTION)
+        ready_signal = contracts.read_server_state(graph)
         # Every op is built before the first run: a group built later marks its inputs
         # (an attribute), which TensorFlow warns about once a session has run them.
         own = [tf.compat.v1.variables_initializer(replicas), tf.compat.v1.tables_initializer()]
@@ -171,4 +169,4 @@ def _initialize(session, graph, cluster, checkpointer) -> None:
             session.run(own)
             while len(session.run(uninitialized)):
                 time.sleep(0.2)
-    session.run(graph.get_collection(BROADCAST_COLLECTION))
+    session.run(contracts.read_broadcasts(graph))

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import parallax  # noqa: F401  (installs the capture hook)
-from parallax.capture import read_records
+from parallax.contracts import read_gradients
 
 
 def _model(use_resource=True):
@@ -22,7 +22,7 @@ def test_optimizer_minimize_records_dense_and_sparse(use_resource):
     with graph.as_default():
         loss, embedding, w = _model(use_resource)
         tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
-    records = {r.variable: r for r in read_records(graph)}
+    records = {r.variable: r for r in read_gradients(graph)}
     assert set(records) == {"embedding", "w"}
     assert records["embedding"].is_sparse and records["embedding"].indices
     assert not records["w"].is_sparse and records["w"].dense
@@ -38,7 +38,7 @@ def test_tf_gradients_and_subclassed_optimizer_are_recorded():
         loss, embedding, w = _model()
         (grad_embedding,) = tf.compat.v1.gradients(loss, [embedding])
         ScaledSGD(0.1).minimize(loss, var_list=[w])
-    records = read_records(graph)
+    records = read_gradients(graph)
     assert [r.variable for r in records] == ["embedding", "w"]
     assert records[0].values == grad_embedding.values.name
     # The subclass scales after autodiff: the record is autodiff's own gradient.
@@ -53,7 +53,7 @@ def test_record_is_the_gradient_before_user_clipping():
         grads_and_vars = optimizer.compute_gradients(loss, var_list=[w])
         clipped, _ = tf.clip_by_global_norm([g for g, _ in grads_and_vars], 1.0)
         optimizer.apply_gradients(zip(clipped, [w]))
-    (record,) = read_records(graph)
+    (record,) = read_gradients(graph)
     assert record.dense == grads_and_vars[0][0].name
     assert record.dense != clipped[0].name
 
@@ -67,8 +67,8 @@ def test_records_survive_metagraph_export_and_import():
     imported = tf.Graph()
     with imported.as_default():
         tf.compat.v1.train.import_meta_graph(meta_graph)
-    assert read_records(imported) == read_records(graph)
-    for record in read_records(imported):
+    assert read_gradients(imported) == read_gradients(graph)
+    for record in read_gradients(imported):
         for name in record.tensor_names():
             imported.get_tensor_by_name(name)
 
@@ -81,4 +81,4 @@ def test_gradients_inside_control_flow_record_only_variables():
         loss = tf.while_loop(lambda i, acc: i < 3, lambda i, acc: (i + 1, acc * w * x),
                              [0, tf.constant(1.0)])[1]
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    assert [r.variable for r in read_records(graph)] == ["w"]
+    assert [r.variable for r in read_gradients(graph)] == ["w"]

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from parallax.contracts import record_aggregated
 from parallax.rewriting.graph_map import GraphMap
-from parallax.rewriting.rewire import record_aggregated
 from parallax.runtime.session import ParallaxRunner
 
 

@@ -12,9 +12,9 @@ from typing import Dict, List, Optional, Set, Tuple
 import numpy as np
 import tensorflow as tf
 
-from parallax import tf_private
-from parallax.capture import (FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, GradientRecord,
-                              batch_moments, read_records)
+from parallax import contracts, tf_private
+from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, batch_moments
+from parallax.contracts import GradientRecord
 from parallax.errors import ParallaxError
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
@@ -99,7 +99,7 @@ class GraphAnalysis:
 
 
 def analyze(graph: tf.Graph) -> GraphAnalysis:
-    records = read_records(graph)
+    records = contracts.read_gradients(graph)
     if not records:
         raise ParallaxError(
             "the graph has no recorded gradients: `import parallax` before building the "

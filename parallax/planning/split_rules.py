@@ -19,8 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from parallax import tf_private
-from parallax.capture import read_records
+from parallax import contracts, tf_private
 from parallax.partitioner import shard_name
 
 # Elementwise ops: computed per shard when every operand not split broadcasts over the rows.
@@ -79,7 +78,7 @@ def families_of(graph: tf.Graph, splits: Dict[str, int]) -> Dict[str, Family]:
     rows. Only resource variables whose gradients are all sparse are split."""
     variables = {v.op.name: v for v in graph.get_collection(
         tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-    records = read_records(graph)
+    records = contracts.read_gradients(graph)
     families = {}
     for name, shards in splits.items():
         if name not in variables:
@@ -111,7 +110,7 @@ def sources_of(graph, families, with_gradients) -> Dict[tf.Tensor, Kind]:
     """Where the rules start: the members' handles, and the split variables' gradients."""
     sources = {graph.get_operation_by_name(m).outputs[0]: ("handle", m) for m in families}
     if with_gradients:
-        for record in read_records(graph):
+        for record in contracts.read_gradients(graph):
             if record.variable in families:
                 key = (families[record.variable].variable, record.indices)
                 sources[graph.get_tensor_by_name(record.values)] = ("rows",) + key

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax.rewriting.rewire import record_aggregated, reroute
+from parallax import contracts
+from parallax.rewriting.rewire import reroute
 
 def one_row_per_id(aggregated):
     """A complete aggregate of a gradient with rows_unique_per_batch as single-device training
@@ -48,13 +49,13 @@ def use_carried_norm(old_values_consumers, norm: tf.Tensor, trigger: tf.Operatio
     itself, now unused (a fetch of it gets the norm), is detached from the rows: still reading
     them, it looked like a monitor of the aggregate, whose rows every step then fetched to keep
     (1 MB a step per worker on the LM benchmark). The norm comes with the rows: `trigger` and
-    `on_server` are theirs (rewire.record_aggregated), so a step that applies the rows has the
-    norm too (a global norm of the gradients fetched with the train op)."""
+    `on_server` are theirs (contracts.record_aggregated), so a step that applies the rows has
+    the norm too (a global norm of the gradients fetched with the train op)."""
     for op in old_values_consumers:
         if op.type == "L2Loss":
             reroute(op.outputs[0], norm, list(op.outputs[0].consumers()))
             # the post-aggregation ops start here too
-            record_aggregated(op.outputs[0], norm, trigger=trigger, on_server=on_server)
+            contracts.record_aggregated(op.outputs[0], norm, trigger=trigger, on_server=on_server)
             with op.graph.as_default(), tf.device(op.device):
                 # A zero of unknown shape: it fits any shape the edge had.
                 detached = tf.compat.v1.placeholder_with_default(

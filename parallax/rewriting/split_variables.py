@@ -30,13 +30,12 @@ user had partitioned them (parallax.get_partitioner).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from parallax import tf_private
-from parallax.capture import GRADIENTS_COLLECTION, GradientRecord
+from parallax import contracts, tf_private
+from parallax.contracts import GradientRecord
 from parallax.errors import ParallaxError
 from parallax.graph_copy import copy_graph
 from parallax.planning import split_rules
@@ -47,7 +46,8 @@ from parallax.rewriting.rewire import reroute
 
 @dataclasses.dataclass
 class _State:
-    """What a graph's split did, for later rewrites and for fetches."""
+    """What a graph's split did, for later rewrites and for fetches (kept in the graph:
+    contracts.record_split_state)."""
 
     families: Dict[str, Family]  # by member
     parts: Dict[str, Tuple[Kind, List[str]]] = dataclasses.field(default_factory=dict)
@@ -55,9 +55,6 @@ class _State:
     op_parts: Dict[str, List[str]] = dataclasses.field(default_factory=dict)  # op -> clones
     # a member's initializer -> its shards' initializers
     initializers: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
-
-
-_STATES: "weakref.WeakKeyDictionary[tf.Graph, _State]" = weakref.WeakKeyDictionary()
 
 
 def copy_and_split(graph: tf.Graph, analysis: GraphAnalysis, splits: List[list],
@@ -91,7 +88,7 @@ def split_variables(graph: tf.Graph, splits: Dict[str, int]) -> tf.Graph:
             f"the driver split {', '.join(sorted(splits))} in row shards, which this process's "
             f"graph cannot be: {why}. The script must build the same graph in every "
             "process") from None
-    _STATES[graph] = state
+    contracts.record_split_state(graph, state)
     with graph.as_default():
         _make_shards(graph, state)
         _split_gradients(graph, state)
@@ -101,7 +98,7 @@ def split_variables(graph: tf.Graph, splits: Dict[str, int]) -> tf.Graph:
 
 def rewrite_uses(graph: tf.Graph) -> None:
     """Rewrite the ops built since the split that use a split variable (a Saver, a read)."""
-    state = _STATES.get(graph)
+    state = contracts.read_split_state(graph)
     if state is not None:
         steps = split_rules.steps_of(graph, state.families, with_gradients=False)
         with graph.as_default():
@@ -111,9 +108,9 @@ def rewrite_uses(graph: tf.Graph) -> None:
 def replacement(graph: tf.Graph, name: str, aggregated: Optional[Dict[str, str]] = None):
     """What stands for the replaced tensor or op `name` of `graph`, or None if it was not
     replaced: a tensor computed per shard is stitched whole, an op groups its clones.
-    `aggregated` (rewire.read_aggregated), for a fetch: a gradient's rows or ids are stitched
+    `aggregated` (contracts.read_aggregated), for a fetch: a gradient's rows or ids are stitched
     from each shard's aggregate, as the whole gradient's fetch gives its aggregate."""
-    state = _STATES.get(graph)
+    state = contracts.read_split_state(graph)
     if state is None:
         return None
     # A gradient's rows stitched from the aggregates are kept apart from every other stand-in.
@@ -162,7 +159,7 @@ def _stitch_gradient(graph, family: Family, kind: str, parts: List[str],
 
 def split_families(graph: tf.Graph) -> List[Family]:
     """The families `graph` split."""
-    state = _STATES.get(graph)
+    state = contracts.read_split_state(graph)
     return list({f.variable: f for f in state.families.values()}.values()) if state else []
 
 
@@ -220,13 +217,11 @@ def _initial_value(graph, variables, member, families) -> tf.Tensor:
 def _split_gradients(graph, state: _State) -> None:
     """Each recorded gradient of a split variable becomes a gradient of each shard: its rows
     partitioned by id (id % k), with the shard's row ids (id // k)."""
-    records = graph.get_collection_ref(GRADIENTS_COLLECTION)
     kept = []
-    for text in records:
-        record = GradientRecord.from_json(text)
+    for record in contracts.read_gradients(graph, unique=False):
         family = state.families.get(record.variable)
         if family is None:
-            kept.append(text)
+            kept.append(record)
             continue
         values = graph.get_tensor_by_name(record.values)
         indices = graph.get_tensor_by_name(record.indices)
@@ -235,10 +230,9 @@ def _split_gradients(graph, state: _State) -> None:
         key = (family.variable, record.indices)
         state.parts[values.name] = (("rows",) + key, [t.name for t in values_parts])
         state.parts[indices.name] = (("ids",) + key, [t.name for t in ids_parts])
-        kept += [GradientRecord(family.shard(record.variable, j), values=v.name,
-                                indices=i.name).to_json()
+        kept += [GradientRecord(family.shard(record.variable, j), values=v.name, indices=i.name)
                  for j, (v, i) in enumerate(zip(values_parts, ids_parts))]
-    records[:] = kept
+    contracts.replace_gradients(graph, kept)
 
 
 def _partition(ids, tensors, shards):

@@ -13,11 +13,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.graph_map import GraphMap
-from parallax.rewriting.rewire import read_aggregated
-from parallax.rewriting.passes.sync import read_server_writes
 from parallax.runtime.steps import Steps
 
 log = logging.getLogger("parallax")
@@ -47,11 +45,11 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._description = description
         # variable name -> 'allreduce', 'allgather' or 'parameter server'
         self.synchronization = dict(synchronization or {})
-        self._aggregated = read_aggregated(graph)
+        self._aggregated = contracts.read_aggregated(graph)
         # In a worker other than the chief, a fetched server-side update is its cut: the wait
         # for the chief to apply it.
         self._cuts = {write: graph.get_operation_by_name(cut)
-                      for write, cut in read_server_writes(graph).items() if cut}
+                      for write, cut in contracts.read_server_writes(graph).items() if cut}
         self._steps = Steps(graph, self.is_chief, training_writes)
         self._initializers = _initializer_names(graph)
         self._skipped_initializer = None

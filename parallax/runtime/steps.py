@@ -26,13 +26,11 @@ from typing import Dict, Iterable, List
 
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.planning.analysis import RESTORE_OP_TYPES, upstream_ops
 from parallax.capture import VARIABLE_OP_TYPES
 from parallax.errors import ParallaxError
-from parallax.rewriting.rewire import read_server_aggregates, read_triggers
-from parallax.rewriting.passes.sync import (has_restore_queues, read_restore_wait, read_server_writes,
-                                  release_step)
+from parallax.rewriting.passes.sync import release_step
 
 
 @dataclasses.dataclass
@@ -52,12 +50,13 @@ class Steps:
         self._graph = graph
         self._is_chief = is_chief
         self._triggers = {graph.get_tensor_by_name(name): graph.get_operation_by_name(trigger)
-                          for name, trigger in read_triggers(graph).items()}
+                          for name, trigger in contracts.read_triggers(graph).items()}
         self._aggregates_of: Dict[tf.Operation, List[tf.Tensor]] = {}
         for aggregate in self._triggers:
             self._aggregates_of.setdefault(aggregate.op, []).append(aggregate)
-        self._on_server = {graph.get_tensor_by_name(n) for n in read_server_aggregates(graph)}
-        cuts = read_server_writes(graph)
+        self._on_server = {graph.get_tensor_by_name(n)
+                           for n in contracts.read_server_aggregates(graph)}
+        cuts = contracts.read_server_writes(graph)
         self._server_writes = set(cuts)
         self._writes = {graph.get_operation_by_name(name) for name in training_writes} | {
             graph.get_operation_by_name(cut) for cut in cuts.values() if cut}
@@ -69,8 +68,8 @@ class Steps:
         self._server_variables = set() if is_chief else {
             op for op in graph.get_operations()
             if op.type in VARIABLE_OP_TYPES and op.device.startswith("/job:ps")}
-        self._restore_wait = read_restore_wait(graph)
-        self._releases_restores = is_chief and has_restore_queues(graph)
+        self._restore_wait = contracts.read_restore_wait(graph)
+        self._releases_restores = is_chief and contracts.read_step_queues(graph) is not None
         self._plans: Dict[tuple, _RunPlan] = {}
         self._kept: Dict[str, object] = {}
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from parallax import contracts
 from parallax.rewriting import machine_allreduce, row_sums
-from parallax.rewriting.rewire import record_aggregated, reroute
+from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass
-
-BROADCAST_COLLECTION = "parallax_broadcast"
 
 
 @graph_pass(produces=["aggregated by allreduce"])
@@ -47,7 +46,7 @@ def _aggregate_dense(graph, record, op, plan):
     with tf.device(grad.op.device):
         aggregated = _allreduce(grad, op, plan)
     reroute(grad, aggregated, consumers)
-    record_aggregated(grad, aggregated)
+    contracts.record_aggregated(grad, aggregated)
 
 
 def _aggregate_sparse(graph, record, op):
@@ -63,7 +62,7 @@ def _aggregate_sparse(graph, record, op):
             gathered = row_sums.one_row_per_id(gathered)
     for old, new in zip((values, indices), gathered):
         reroute(old, new, consumers[old])
-        record_aggregated(old, new)
+        contracts.record_aggregated(old, new)
 
 
 def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
@@ -95,7 +94,7 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
         new_indices = tf.cast(touched, indices.dtype)
     for old, new in ((values, new_values), (indices, new_indices)):
         reroute(old, new, consumers[old])
-        record_aggregated(old, new)
+        contracts.record_aggregated(old, new)
     if not rows_unique_per_batch(indices):  # else the norm is of the summed rows
         row_sums.use_carried_norm(consumers[values], norm, trigger=new_values.op)
 
@@ -125,5 +124,5 @@ def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
     with graph.as_default(), tf.name_scope("parallax_broadcast"):
         variables = [v for v in tf.compat.v1.global_variables()
                      if plan.server_of(v.op.name) is None]
-        graph.add_to_collection(BROADCAST_COLLECTION, hvd.broadcast_variables(variables, 0))
+        contracts.record_broadcast(graph, hvd.broadcast_variables(variables, 0))
     return graph

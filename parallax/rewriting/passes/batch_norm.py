@@ -14,7 +14,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from parallax.capture import read_statistic_gradients
+from parallax import contracts
 from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass
@@ -23,7 +23,7 @@ from parallax.rewriting.passes import graph_pass
 @graph_pass(produces=["batch statistics combined"],
             runs_if=lambda plan: plan.sync_batch_norm)
 def synchronize_batch_statistics(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    incoming = read_statistic_gradients(graph)
+    incoming = contracts.read_statistic_gradients(graph)
     with graph.as_default(), tf.name_scope("parallax_sync_batch_norm"):
         for mean_name, variance_name in plan.batch_moments:
             for name in (mean_name, variance_name):

@@ -14,9 +14,8 @@ from typing import Dict, List, Set
 
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.planning.analysis import consumers, downstream_ops, upstream_ops
-from parallax.rewriting.rewire import read_aggregated
 from parallax.planning.plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass
 
@@ -69,7 +68,7 @@ class _Upstream:
 
 def _aggregates_by_variable(graph, plan: Plan) -> Dict[str, List[tf.Operation]]:
     """Each server variable's aggregated gradients, the ops that make them on its server."""
-    aggregated = read_aggregated(graph)
+    aggregated = contracts.read_aggregated(graph)
     gates = {}
     for var_plan in plan.with_sync(Sync.PS):
         names = [r.values if r.is_sparse else r.dense for r in var_plan.variable.gradients]

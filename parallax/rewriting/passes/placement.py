@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.capture import VARIABLE_OP_TYPES
-from parallax.rewriting.rewire import read_aggregated
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
@@ -22,7 +21,8 @@ from parallax.rewriting.passes import graph_pass, with_servers
             produces=["post-aggregation ops placed"],
             runs_if=lambda plan: with_servers(plan) and plan.ps_config.post_aggregation_placement)
 def place_post_aggregation_ops(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    starts = {graph.get_tensor_by_name(name).op for name in read_aggregated(graph).values()}
+    starts = {graph.get_tensor_by_name(name).op
+              for name in contracts.read_aggregated(graph).values()}
     # The writes of optimizer slots count as updates: Adam's sparse update reaches the
     # variable from the gradient only through its slots (scatter into m, then read m).
     updates = {graph.get_operation_by_name(name) for name in plan.server_writes}

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from parallax import tf_private
-from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, GradientRecord
+from parallax import contracts, tf_private
+from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES
+from parallax.contracts import GradientRecord
 from parallax.rewriting import local_aggregation, row_sums
 from parallax.rewriting.queues import concat_slices, shared_queue
-from parallax.rewriting.rewire import record_aggregated, reroute
+from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_can_be_summed, rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass
-
-MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' mirror reads (ops)
-SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes
 
 
 @graph_pass(produces=["server variables placed"])
@@ -61,9 +59,9 @@ def mark_servers_ready(graph: tf.Graph, plan: Plan) -> tf.Graph:
     the servers' variables, and their restore from a checkpoint) tells the other workers they
     may start: one flag variable on the first server stands for them."""
     with graph.as_default(), tf.device(plan.cluster.server_device(0)):
-        tf.compat.v1.Variable(True, trainable=False, use_resource=True,
-                              name="parallax_servers_ready",
-                              collections=[SERVER_STATE_COLLECTION])
+        ready = tf.compat.v1.Variable(True, trainable=False, use_resource=True,
+                                      name="parallax_servers_ready", collections=[])
+    contracts.record_server_state(graph, ready)
     return graph
 
 
@@ -92,8 +90,8 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                                             one_row_per_id, key, cluster)
                 for old, new, old_consumers in zip(parts, aggregated, consumers):
                     reroute(old, new, old_consumers)
-                    record_aggregated(old, new, trigger=None if cluster.is_chief else push,
-                                      on_server=True)
+                    contracts.record_aggregated(
+                        old, new, trigger=None if cluster.is_chief else push, on_server=True)
                 if row_sums.carries_norm(aggregated):
                     row_sums.use_carried_norm(
                         consumers[0], aggregated[2], on_server=True,
@@ -129,7 +127,7 @@ def _aggregate(queue, pushed, producers, own_push, average, one_row_per_id, key,
     with tf.control_dependencies([own_push]):
         reads = [tf.raw_ops.ReadVariableOp(resource=m.handle, dtype=m.dtype) for m in mirrors]
     for read in reads:
-        tf.compat.v1.get_default_graph().add_to_collection(MIRROR_READ_COLLECTION, read.op)
+        contracts.record_mirror_read(read.graph, read.op)
     return reads
 
 
@@ -161,8 +159,9 @@ def _mirror_variables(parts, key):
         sparse = len(parts) > 1 and index < 2
         shape = tf.TensorShape([None]).concatenate(part.shape[1:]) if sparse else part.shape
         initial = tf.zeros([0] + shape[1:].as_list() if sparse else shape, dtype=part.dtype)
-        mirrors.append(tf.compat.v1.Variable(
+        mirror = tf.compat.v1.Variable(
             initial, trainable=False, shape=shape, validate_shape=not sparse, use_resource=True,
-            name=f"mirror_{key.replace('/', '_')}_{index}",
-            collections=[SERVER_STATE_COLLECTION]))
+            name=f"mirror_{key.replace('/', '_')}_{index}", collections=[])
+        contracts.record_server_state(mirror.graph, mirror)
+        mirrors.append(mirror)
     return mirrors

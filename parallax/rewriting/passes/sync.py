@@ -17,23 +17,15 @@ updated since (steps.py builds both runs).
 """
 from __future__ import annotations
 
-import json
 from typing import Iterable
 
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
-from parallax.rewriting.passes.ps import MIRROR_READ_COLLECTION
-from parallax.rewriting.rewire import read_triggers, reroute
+from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
-
-# JSON: {"token_queues": [queue handle tensor names], "restore_queues": [the same]} (the chief's
-# graph only) and, per server update, {"write": its name} in the chief's graph, {"write": its
-# name, "cut": what replaces it} in the others', whose graphs also have {"restore_wait": the
-# name of the op that waits for the chief's restore}.
-STEP_COLLECTION = "parallax_step"
 
 
 @graph_pass(needs=["aggregated on servers", "worker ops pinned"], produces=["steps synchronized"],
@@ -52,16 +44,16 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 -1, [tf.int64], shapes=[[]], shared_name=f"parallax/restore_tokens/{worker}",
                 name=f"restore_tokens_{worker}") for worker in range(1, cluster.num_workers)}
         if cluster.is_chief:
-            graph.add_to_collection(STEP_COLLECTION, json.dumps(
-                {"token_queues": [q.queue_ref.name for q in queues.values()],
-                 "restore_queues": [q.queue_ref.name for q in restored.values()]}))
+            contracts.record_step_queues(graph, contracts.StepQueues(
+                tuple(q.queue_ref.name for q in queues.values()),
+                tuple(q.queue_ref.name for q in restored.values())))
             for write in writes:
-                graph.add_to_collection(STEP_COLLECTION, json.dumps({"write": write.name}))
+                contracts.record_server_write(graph, write)
             return graph
         wait = queues[cluster.worker_id].dequeue(name="wait_for_step").op
         restore_wait = restored[cluster.worker_id].dequeue(name="wait_for_restore").op
-        graph.add_to_collection(STEP_COLLECTION, json.dumps({"restore_wait": restore_wait.name}))
-        for read in graph.get_collection(MIRROR_READ_COLLECTION):
+        contracts.record_restore_wait(graph, restore_wait)
+        for read in contracts.read_mirror_reads(graph):
             tf_private.add_control_inputs(read, [wait])
         pushes_behind = _pushes_behind(graph)
         for write in writes:
@@ -71,8 +63,7 @@ def synchronize_steps(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 _replace_control_input(consumer, write, cut)
             for output in write.outputs:
                 _stand_in_after(cut, output, set(writes))
-            graph.add_to_collection(STEP_COLLECTION,
-                                    json.dumps({"write": write.name, "cut": cut.name}))
+            contracts.record_server_write(graph, write, cut)
     return graph
 
 
@@ -82,8 +73,7 @@ def release_step(graph: tf.Graph, reached: Iterable[tf.Operation],
     run's server-side updates and aggregates), on the step's queues or, with `queues`
     "restore_queues", those of restores. Built by the runner per kind of run, after the
     session started: new ops only, the graph it runs keeps its other ops."""
-    records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
-    handles = next(r[queues] for r in records if queues in r)
+    handles = getattr(contracts.read_step_queues(graph), queues)
     with graph.as_default(), tf.name_scope("parallax_sync/release"):
         token = tf.constant(0, tf.int64)
         releases = [tf.raw_ops.QueueEnqueueV2(handle=graph.get_tensor_by_name(h),
@@ -96,30 +86,10 @@ def release_step(graph: tf.Graph, reached: Iterable[tf.Operation],
         return tf.group(*releases)
 
 
-def read_restore_wait(graph: tf.Graph):
-    """What a worker other than the chief runs to wait for the chief's restore (None in the
-    chief's graph, or without step synchronization)."""
-    records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
-    name = next((r["restore_wait"] for r in records if "restore_wait" in r), None)
-    return None if name is None else graph.get_operation_by_name(name)
-
-
-def has_restore_queues(graph: tf.Graph) -> bool:
-    """Whether this is the chief's graph of a job whose steps are synchronized."""
-    return any("restore_queues" in json.loads(text)
-               for text in graph.get_collection(STEP_COLLECTION))
-
-
-def read_server_writes(graph: tf.Graph) -> dict:
-    """Server-side update name -> the cut that replaces it (None in the chief's graph)."""
-    records = (json.loads(text) for text in graph.get_collection(STEP_COLLECTION))
-    return {r["write"]: r.get("cut") for r in records if "write" in r}
-
-
 def _pushes_behind(graph):
     """write -> this worker's pushes of the aggregates the write is computed from."""
     push_of = {graph.get_tensor_by_name(name).op: graph.get_operation_by_name(trigger)
-               for name, trigger in read_triggers(graph).items()}
+               for name, trigger in contracts.read_triggers(graph).items()}
     all_pushes = set(push_of.values())
 
     def pushes(write):
