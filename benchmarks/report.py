@@ -1,16 +1,20 @@
 """The benchmark report: from the workers' records (summary.json, written by run.py) a markdown
-table per workload and PNG plots. Run alone it rewrites them from an existing summary:
+table per workload and PNG plots; for a run at several link rates (run.py --rate R1 R2 ...,
+each rate's summary in its own folder) rates.md and step_time_vs_rate.png across them. Run
+alone it rewrites them from the existing summaries:
 
     python benchmarks/report.py [benchmarks/results]
 """
 from __future__ import annotations
 
+import glob
 import json
+import math
 import os
 import re
 import statistics
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import analytic
 
@@ -36,6 +40,9 @@ ABLATION_ORDER = ["ablation-ps-base", "ablation+hybrid", "ablation+local-aggrega
                   "ablation+post-aggregation-placement", "ablation+boundary",
                   "ablation+deferred-server-work", "parallax-hybrid"]
 BASELINES = ["horovod", "horovod-sparse-as-dense", "tf-ps"]
+# What Parallax AUTO is measured against across link rates: every other way to train the model.
+ALTERNATIVES = ["parallax-hybrid", "parallax-ar", "parallax-ps", *BASELINES]
+RATE_SYSTEMS = ["single", "parallax-auto", *ALTERNATIVES]  # rates.md's columns, in order
 
 
 def rate_bytes_per_second(rate: str) -> float:
@@ -248,9 +255,26 @@ def _table(rows: List[dict]) -> List[str]:
     return lines
 
 
+def _row(rows: List[dict], system: str) -> Optional[dict]:
+    """The system's row, if it ran and did not fail."""
+    return next((r for r in rows if r["system"] == system and not r["error"]), None)
+
+
 def _throughput(rows: List[dict], system: str) -> Optional[float]:
-    row = next((r for r in rows if r["system"] == system and not r["error"]), None)
+    row = _row(rows, system)
     return row["throughput"] if row else None
+
+
+def fastest(rows: List[dict], systems: List[str]) -> Optional[dict]:
+    """The row of the highest throughput of `systems` that ran and did not fail."""
+    ran = [row for row in (_row(rows, s) for s in systems) if row]
+    return max(ran, key=lambda row: row["throughput"], default=None)
+
+
+def auto_over_best(rows: List[dict]) -> Optional[Tuple[float, str]]:
+    """Parallax AUTO's throughput over the best alternative's (ALTERNATIVES), and which one."""
+    auto, best = _throughput(rows, "parallax-auto"), fastest(rows, ALTERNATIVES)
+    return (auto / best["throughput"], best["system"]) if auto and best else None
 
 
 # Parallax AUTO's throughput over the best baseline's (over Horovod's on cnn): the targets on
@@ -267,11 +291,10 @@ def auto_ratios(rows: Dict[str, List[dict]], summary: dict) -> Dict[str, tuple]:
     for workload, goal in goals.items():
         baselines = ["horovod"] if workload == "cnn" else BASELINES
         auto = _throughput(rows.get(workload, []), "parallax-auto")
-        best = max((t for t in (_throughput(rows.get(workload, []), b) for b in baselines)
-                    if t), default=None)
+        best = fastest(rows.get(workload, []), baselines)
         if auto and best:
             label = "Horovod" if workload == "cnn" else "the best of Horovod and TF-PS"
-            ratios[workload] = (auto / best, goal, label)
+            ratios[workload] = (auto / best["throughput"], goal, label)
     return ratios
 
 
@@ -284,12 +307,11 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict],
                      f"{'met' if ratio >= goal else 'NOT met'} in this run")
     if "lm" in rows:
         hybrid = _throughput(rows["lm"], "parallax-hybrid")
-        best = max((t for t in (_throughput(rows["lm"], b) for b in BASELINES) if t),
-                   default=None)
+        best = fastest(rows["lm"], BASELINES)
         if hybrid and best:
             lines.append(f"- (b) lm: Parallax HYBRID / best of Horovod and TF-PS = "
-                         f"{hybrid / best:.2f} (target >= 2): "
-                         f"{'met' if hybrid >= 2 * best else 'NOT met'}")
+                         f"{hybrid / best['throughput']:.2f} (target >= 2): "
+                         f"{'met' if hybrid >= 2 * best['throughput'] else 'NOT met'}")
         measured = [r for r in rows["lm"] if "link_bound_ratio" in r and not r["straggler_ms"]]
         single = next((r for r in rows["lm"] if r["system"] == "single" and not r["error"]), None)
         if measured and single:
@@ -355,12 +377,16 @@ def _phase_table(rows: List[dict]) -> List[str]:
     return lines
 
 
+def _cluster(summary: dict) -> str:
+    return (f"{summary['hosts']} hosts x {summary['workers_per_host']} workers (network "
+            f"namespaces on one 2-core machine)")
+
+
 def write(summary: dict, out: str) -> None:
     rows = rows_by_workload(summary)
     transform = summary.get("transform")
     lines = ["# Parallax benchmark", "",
-             f"{summary['hosts']} hosts x {summary['workers_per_host']} workers (network "
-             f"namespaces on one 2-core machine), each host's link limited to {summary['rate']} "
+             f"{_cluster(summary)}, each host's link limited to {summary['rate']} "
              f"both ways{', delay ' + summary['delay'] if summary.get('delay') else ''}. "
              f"Measurement: {' '.join(summary['measure'])} (warm-up steps, then windows of "
              "steps; throughput is the median window of the chief). Bytes are each host's "
@@ -396,12 +422,16 @@ def write(summary: dict, out: str) -> None:
     _plots(rows, out)
 
 
-def _plots(rows: Dict[str, List[dict]], out: str) -> None:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def _plots(rows: Dict[str, List[dict]], out: str) -> None:
+    plt = _pyplot()
     for workload, workload_rows in rows.items():
         figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
         shown = [r for r in workload_rows if not r["error"]]
@@ -465,12 +495,117 @@ def _prediction_plot(plt, rows: Dict[str, List[dict]], out: str) -> None:
     plt.close(figure)
 
 
+def rate_summaries(folder: str) -> Dict[str, dict]:
+    """A run at several link rates (run.py --rate R1 R2 ...: folder/R/summary.json) by rate,
+    the slowest first."""
+    summaries = {}
+    for path in glob.glob(os.path.join(folder, "*", "summary.json")):
+        with open(path) as summary_file:
+            summary = json.load(summary_file)
+        summaries[summary["rate"]] = summary
+    return dict(sorted(summaries.items(), key=lambda item: rate_bytes_per_second(item[0])))
+
+
+def _by_rate(summaries: Dict[str, dict]) -> Tuple[Dict[str, Dict[str, List[dict]]], List[str]]:
+    """Each rate's rows by workload, and every workload measured at some rate."""
+    rows = {rate: rows_by_workload(summary) for rate, summary in summaries.items()}
+    return rows, list(dict.fromkeys(w for by_workload in rows.values() for w in by_workload))
+
+
+def rates_report(summaries: Dict[str, dict]) -> List[str]:
+    """rates.md: per workload, a row per link rate with every system's step time, Parallax
+    AUTO over the best alternative, and AUTO's predicted step against its measured one."""
+    rows, workloads = _by_rate(summaries)
+    first = next(iter(summaries.values()))
+    lines = ["# Parallax benchmark: step time against link speed", "",
+             f"{_cluster(first)}, each host's link limited to each rate in turn (each rate's "
+             "report in its folder, RATE/results.md). Step: the chief's median window, per "
+             "step, in ms. AUTO / best alternative: Parallax AUTO's throughput over the best of "
+             + ", ".join(SYSTEM_LABELS[s] for s in ALTERNATIVES) + " that ran and did not "
+             "fail. Predicted: AUTO's step as the cost model predicts it, and its error.", ""]
+    for workload in workloads:
+        ran = {r["system"] for by_workload in rows.values() for r in by_workload.get(workload, [])}
+        systems = [s for s in RATE_SYSTEMS if s in ran]
+        lines += [f"## {workload}", "",
+                  "| link | " + " | ".join(SYSTEM_LABELS[s] for s in systems)
+                  + " | AUTO / best alternative | best alternative | AUTO predicted (ms), "
+                  "error |", "|---|" + "---|" * (len(systems) + 3)]
+        for rate, by_workload in rows.items():
+            workload_rows = by_workload.get(workload)
+            if not workload_rows:  # not measured at this rate
+                continue
+            steps = [_step_cell(workload_rows, s) for s in systems]
+            ratio = auto_over_best(workload_rows)
+            best = (f"{ratio[0]:.2f} | {SYSTEM_LABELS[ratio[1]]}" if ratio else " | ")
+            auto = _row(workload_rows, "parallax-auto") or {}
+            predicted = (f"{auto['predicted_ms']:.0f} against {auto['step_ms']:.0f}, "
+                         f"{100 * auto['prediction_error']:+.0f}%"
+                         if "predicted_ms" in auto else "")
+            lines.append(f"| {rate} | " + " | ".join(steps) + f" | {best} | {predicted} |")
+        lines.append("")
+    return lines
+
+
+def _step_cell(rows: List[dict], system: str) -> str:
+    row = next((r for r in rows if r["system"] == system), None)
+    if row is None:
+        return ""
+    return "failed" if row["error"] else f"{row['step_ms']:.0f}"
+
+
+def write_rates(summaries: Dict[str, dict], out: str) -> None:
+    """rates.md and step_time_vs_rate.png in `out` for the summaries by rate."""
+    with open(os.path.join(out, "rates.md"), "w") as out_file:
+        out_file.write("\n".join(rates_report(summaries)) + "\n")
+    rows, workloads = _by_rate(summaries)
+    speeds = [8 * rate_bytes_per_second(rate) for rate in rows]
+    plt = _pyplot()
+    columns = min(len(workloads), 3)
+    panel_rows = math.ceil(len(workloads) / columns)
+    width, legend_width = 5 * columns, 2  # inches
+    figure, axes = plt.subplots(panel_rows, columns, squeeze=False,
+                                figsize=(width + legend_width, 4 * panel_rows))
+    for panel, workload in zip(axes.flat, workloads):
+        for index, system in enumerate(RATE_SYSTEMS):
+            points = [(speed, row["step_ms"]) for speed, by_workload in zip(speeds, rows.values())
+                      if (row := _row(by_workload.get(workload, []), system))]
+            if points:  # AUTO drawn over the plan it often shares with HYBRID
+                style = (dict(color="black", linewidth=2.5, zorder=3)
+                         if system == "parallax-auto" else dict(color=f"C{index}"))
+                panel.plot(*zip(*points), marker="o", label=SYSTEM_LABELS[system], **style)
+        # Steps span two orders of magnitude (sparse_as_dense against AUTO).
+        panel.set_xscale("log")
+        panel.set_yscale("log")
+        panel.set_xticks(speeds, list(rows))
+        panel.set_xticks([], minor=True)
+        panel.set_xlabel("each host's link, both ways")
+        panel.set_ylabel("step (ms)")
+        panel.set_title(workload)
+    for panel in axes.flat[len(workloads):]:
+        panel.set_visible(False)
+    labelled = {label: handle for panel in axes.flat
+                for handle, label in zip(*panel.get_legend_handles_labels())}
+    figure.legend(labelled.values(), labelled.keys(), loc="center right", fontsize=8)
+    figure.tight_layout(rect=(0, 0, width / (width + legend_width), 1))
+    figure.savefig(os.path.join(out, "step_time_vs_rate.png"), dpi=110)
+    plt.close(figure)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__),
                                                              "results")
-    with open(os.path.join(out, "summary.json")) as summary:
-        write(json.load(summary), out)
-    print(os.path.join(out, "results.md"))
+    if os.path.exists(os.path.join(out, "summary.json")):
+        with open(os.path.join(out, "summary.json")) as summary:
+            write(json.load(summary), out)
+        print(os.path.join(out, "results.md"))
+        return
+    summaries = rate_summaries(out)
+    if not summaries:
+        sys.exit(f"{out}: no summary.json, nor RATE/summary.json")
+    for rate, summary in summaries.items():
+        write(summary, os.path.join(out, rate))
+    write_rates(summaries, out)
+    print(os.path.join(out, "rates.md"))
 
 
 if __name__ == "__main__":

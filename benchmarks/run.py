@@ -1,9 +1,11 @@
 """Benchmark Parallax against Horovod and TensorFlow's parameter servers on an emulated cluster
 (network namespaces with rate-limited links, scripts/emulated_cluster.sh; needs root), then
 write the report (report.py). Every system trains the same models (workloads.py) in the same
-virtualenv, one job after another on the same hosts.
+virtualenv, one job after another on the same hosts. With several rates (--rate 100mbit 1gbit
+10gbit) every job runs at each rate in turn, each rate's report in OUT/RATE/, and rates.md and
+step_time_vs_rate.png in OUT compare them.
 
-    python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit]
+    python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit [...]]
                              [--workloads cnn lm lm-whole nmt tags] [--systems ...]
                              [--no-ablation]
                              [--no-straggler]
@@ -203,7 +205,7 @@ def _transform_time() -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _kept_results(out: str, rerun: List[str], args) -> List[dict]:
+def _kept_results(out: str, rerun: List[str], rate: str, args) -> List[dict]:
     """The results of the workloads not run this time from the folder's previous summary, when
     it was measured on the same cluster: rerunning one workload updates its part of the
     report."""
@@ -213,8 +215,17 @@ def _kept_results(out: str, rerun: List[str], args) -> List[dict]:
     with open(path) as previous_file:
         previous = json.load(previous_file)
     same = [previous.get(k) for k in ("hosts", "workers_per_host", "rate", "delay")] == [
-        args.hosts, args.workers_per_host, args.rate, args.delay]
+        args.hosts, args.workers_per_host, rate, args.delay]
     return [r for r in previous["results"] if r["workload"] not in rerun] if same else []
+
+
+def _tc_rate(text: str) -> str:
+    """--rate's type: tc's notation, checked before any cluster comes up."""
+    try:
+        report.rate_bytes_per_second(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
 
 
 def main():
@@ -222,7 +233,8 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--workers-per-host", type=int, default=2)
-    parser.add_argument("--rate", default="100mbit", help="each host's link, both ways (tc)")
+    parser.add_argument("--rate", nargs="+", default=["100mbit"], type=_tc_rate,
+                        help="each host's link, both ways (tc); several: a run at each")
     parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
     parser.add_argument("--workloads", nargs="*",
                         default=["cnn", "lm", "lm-whole", "nmt", "tags"],
@@ -239,6 +251,8 @@ def main():
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per job")
     args = parser.parse_args()
+    if len(set(args.rate)) < len(args.rate):
+        parser.error("--rate: each rate once")
     if os.geteuid() != 0:
         sys.exit("benchmarks/run.py needs root: the emulated cluster is made of network "
                  "namespaces")
@@ -246,36 +260,51 @@ def main():
     setup = Setup(args.hosts, args.workers_per_host, state,
                   ["--warmup", str(args.warmup), "--window", str(args.window),
                    "--windows", str(args.windows)])
-    shape = ["--rate", args.rate] + (["--delay", args.delay] if args.delay else [])
-    cluster_env = dict(os.environ, PARALLAX_CLUSTER_DIR=state)
-    os.makedirs(args.out, exist_ok=True)
+    transform = None
+    for rate in args.rate:
+        # One rate keeps the folder's layout of before: OUT/summary.json.
+        out = args.out if len(args.rate) == 1 else os.path.join(args.out, rate)
+        os.makedirs(out, exist_ok=True)
+        results = _run_at(rate, args, setup, out)
+        transform = transform or _transform_time()  # the rate does not change it
+        summary = {"transform": transform, "hosts": args.hosts,
+                   "workers_per_host": args.workers_per_host, "cores": os.cpu_count(),
+                   "rate": rate, "delay": args.delay, "measure": setup.measure_args,
+                   "results": _kept_results(out, args.workloads, rate, args) + results}
+        with open(os.path.join(out, "summary.json"), "w") as summary_file:
+            json.dump(summary, summary_file, indent=1)
+        report.write(summary, out)
+        print(f"[bench] report: {os.path.join(out, 'results.md')}")
+    if len(args.rate) > 1:  # every OUT/RATE/, those of an earlier run too
+        report.write_rates(report.rate_summaries(args.out), args.out)
+        print(f"[bench] across rates: {os.path.join(args.out, 'rates.md')}")
+
+
+def _run_at(rate: str, args, setup: Setup, out: str) -> List[dict]:
+    """Every selected job of every selected workload on a cluster whose links run at `rate`
+    ('up' takes down any cluster before it), taken down after them."""
+    shape = ["--rate", rate] + (["--delay", args.delay] if args.delay else [])
+    cluster_env = dict(os.environ, PARALLAX_CLUSTER_DIR=setup.state)
     results = []
     try:
         subprocess.run(["bash", CLUSTER_SCRIPT, "up", str(args.hosts), *shape],
                        env=cluster_env, check=True, stdout=subprocess.DEVNULL)
         for workload in args.workloads:
-            results.append(run_job("single", _single, setup, workload, args.out, args.timeout))
+            results.append(run_job("single", _single, setup, workload, out, args.timeout))
             jobs = {name: EVERY_JOB[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:
                 jobs.update(ABLATION)
             if not args.no_straggler and workload in STRAGGLER_WORKLOADS:
                 jobs.update(STRAGGLER)
             for name, specs_fn in jobs.items():
-                results.append(run_job(name, specs_fn, setup, workload, args.out, args.timeout))
+                results.append(run_job(name, specs_fn, setup, workload, out, args.timeout))
             # This machine's speed drifts (a virtual machine's cores): one worker alone is
             # measured again after the workload's jobs, and the report takes both.
-            results.append(run_job("single", _single, setup, workload, args.out, args.timeout,
+            results.append(run_job("single", _single, setup, workload, out, args.timeout,
                                    folder="single-after"))
     finally:
         subprocess.run(["bash", CLUSTER_SCRIPT, "down"], env=cluster_env, check=True)
-    summary = {"transform": _transform_time(), "hosts": args.hosts,
-               "workers_per_host": args.workers_per_host, "cores": os.cpu_count(),
-               "rate": args.rate, "delay": args.delay, "measure": setup.measure_args,
-               "results": _kept_results(args.out, args.workloads, args) + results}
-    with open(os.path.join(args.out, "summary.json"), "w") as out:
-        json.dump(summary, out, indent=1)
-    report.write(summary, args.out)
-    print(f"[bench] report: {os.path.join(args.out, 'results.md')}")
+    return results
 
 
 if __name__ == "__main__":
