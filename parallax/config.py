@@ -132,6 +132,14 @@ class Config:
         its own gradients to the variables on parameter servers as they arrive, without
         aggregation or steps in common (no worker waits for another); dense variables of
         HYBRID keep their allreduce, in step. Needs parameter servers (PS, HYBRID).
+    trial_steps: under AUTO, when the cost model chooses parameter servers, the job first
+        trains this many steps with each of the plans it times (the cost model's choice, then
+        its sparse variables allgathered as in AR, then all on servers as in HYBRID), the
+        first of each untimed, and keeps the plan whose steps were fastest on the cluster.
+        They are real training steps: each plan goes on from the last one's variables and
+        input, as one device would. 0 keeps the cost model's choice untried. A graph whose
+        step draws random numbers (dropout) or reads a queue-based input is not tried: a
+        new session would start those over.
     export_graph_path: a folder where each worker writes the graph it runs, rewritten
         (workerN.pbtxt, and a TensorBoard event file in the folder workerN), and the chief the
         single-device graph it was given (single_device.pbtxt, single_device/).
@@ -158,6 +166,7 @@ class Config:
     profile_config: Optional[ProfileConfig] = None
     export_graph_path: Optional[str] = None
     sync: bool = True
+    trial_steps: int = 5
 
     def __post_init__(self):
         option = str(self.run_option).upper()
@@ -184,5 +193,9 @@ class Config:
             raise ValueError(f"max_restarts={self.max_restarts} needs "
                              "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
                              "resumes from its latest checkpoint")
+        if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
+                self.trial_steps == 1):
+            raise ValueError(f"trial_steps must be 0 (no trials) or at least 2 (a step to "
+                             f"warm up, then timed ones), got {self.trial_steps!r}")
         if not isinstance(self.ps_config, PSConfig):
             raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")

@@ -24,7 +24,7 @@ from parallax.errors import ParallaxError
 ROLE_ENV = "PARALLAX_ROLE"  # "worker" or "server"; a process without it is a driver
 CLUSTER_ENV = "PARALLAX_CLUSTER"  # Cluster.to_env(): the topology, addresses and worker id
 SERVER_INDEX_ENV = "PARALLAX_SERVER_INDEX"  # which server a "server" process is
-PLAN_ENV = "PARALLAX_PLAN"  # planning.plan.Plan.to_text(), made once by the driver
+PLAN_ENV = "PARALLAX_PLAN"  # [Plan.to_text()] made once by the driver; AUTO's trials follow
 PARTITIONS_ENV = "PARALLAX_PARTITIONS"  # {call: shards} for parallax.get_partitioner's calls
 
 
@@ -48,18 +48,19 @@ def read_server_index() -> int:
     return int(os.environ[SERVER_INDEX_ENV])
 
 
-def plan_env(plan_text: str, partitions: List[list]) -> Dict[str, str]:
-    """The plan, and apart from it the partitioner's counts (`partitions`: [call, variable,
-    shards] each), which the script's graph code reads without decoding the plan."""
-    return {PLAN_ENV: plan_text,
+def plan_env(plan_texts: List[str], partitions: List[list]) -> Dict[str, str]:
+    """The plan (Plan.to_text), then the plans AUTO times against it (Config.trial_steps), and
+    apart from them the partitioner's counts (`partitions`: [call, variable, shards] each),
+    which the script's graph code reads without decoding a plan."""
+    return {PLAN_ENV: json.dumps(plan_texts),
             PARTITIONS_ENV: json.dumps({str(call): count for call, _, count in partitions})}
 
 
-def read_plan_text() -> str:
+def read_plan_texts() -> List[str]:
     if PLAN_ENV not in os.environ:
         raise ParallaxError("this worker has no plan from the driver; start the script itself "
                             "(python script.py), whose get_runner plans and launches the workers")
-    return os.environ[PLAN_ENV]
+    return json.loads(os.environ[PLAN_ENV])
 
 
 def read_partition_counts() -> Dict[int, int]:

@@ -3,13 +3,14 @@
 place of every variable — and launches the job with it (launch.py); it does not return."""
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import List, NoReturn
 
 import tensorflow as tf
 
 from parallax import contracts, launch
 from parallax.cluster import Cluster
 from parallax.config import Config
+from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements, measure
@@ -19,16 +20,19 @@ from parallax.rewriting.split_variables import copy_and_split
 
 
 def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config) -> NoReturn:
-    plan = make_job_plan(graph, analysis, resources, config)
-    launch.run_driver(resources, config, bool(plan.cluster.servers), plan.uses_horovod,
-                      contracts.plan_env(plan.to_text(),
-                                         plan.decision.partitions if plan.decision else []))
+    plans = make_job_plans(graph, analysis, resources, config)
+    launch.run_driver(resources, config, bool(plans[0].cluster.servers),
+                      any(plan.uses_horovod for plan in plans),
+                      contracts.plan_env([plan.to_text() for plan in plans],
+                                         plans[0].decision.partitions if plans[0].decision
+                                         else []))
 
 
-def make_job_plan(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
-                  config: Config) -> Plan:
-    """The job's one plan, for the cluster of `resources` (its shape: the workers find the
-    servers' addresses in their own environment)."""
+def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
+                   config: Config) -> List[Plan]:
+    """The job's plan, for the cluster of `resources` (its shape: the workers find the
+    servers' addresses in their own environment), then the plans AUTO times against it on the
+    cluster (Config.trial_steps), if any."""
     if decides(config):
         decision = choose(graph, analysis, measure_job(graph, analysis, resources, config),
                           config.run_option, config.search_partitions,
@@ -38,11 +42,21 @@ def make_job_plan(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
         decision = None
     workers_per_machine = launch.workers_per_machine(resources)
     planned = copy_and_split(graph, analysis, decision.splits if decision else [])[1]
-    run_option = effective_run_option(config.run_option, planned, decision)
+    decisions = [decision]
+    if decision is not None and config.trial_steps:
+        decisions += [decision.alternative(i) for i in range(len(decision.alternatives))]
+    with_servers = any(effective_run_option(config.run_option, planned, d) in ("PS", "HYBRID")
+                       for d in decisions)
     machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
-    servers = ([f"server {m}" for m in range(len(workers_per_machine))]
-               if run_option in ("PS", "HYBRID") else [])
-    return make_plan(planned, config, Cluster(machines, servers), decision=decision)
+    servers = [f"server {m}" for m in range(len(workers_per_machine))] if with_servers else []
+    plans = [make_plan(planned, config, Cluster(machines, servers), decision=decision)]
+    for alternative in decisions[1:]:
+        try:
+            plans.append(make_plan(planned, config, Cluster(machines, servers),
+                                   decision=alternative))
+        except ParallaxError:  # a rule's plan this graph cannot train: not an alternative
+            continue
+    return plans
 
 
 def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,

@@ -3,19 +3,20 @@ identity (its id in the cluster, the servers' addresses), rewrites its own copy 
 graph with the plan's passes, and returns the runner of a session of it."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
 import os
 import sys
 import time
-from typing import Tuple
+from typing import List, Tuple
 
 import tensorflow as tf
 
 from parallax import contracts
 from parallax.cluster import Cluster
-from parallax.config import Config
+from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.partitioner import check_counts
 from parallax.planning.analysis import GraphAnalysis
@@ -24,6 +25,7 @@ from parallax.planning.plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
 from parallax.rewriting.pipeline import transform
 from parallax.rewriting.split_variables import copy_and_split
+from parallax.runtime import trials
 from parallax.runtime.checkpoint import Checkpointer
 from parallax.runtime.grpc_server import start_server
 from parallax.runtime.profile import Profiler
@@ -43,23 +45,31 @@ def count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def _worker_plan(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
-                 cluster: Cluster) -> Tuple[tf.Graph, GraphAnalysis, Plan]:
-    """The copy of the user's graph to rewrite, its analysis, and the plan for it: the
-    driver's, bound to this worker. A graph the driver never saw (one of a later get_runner
-    of the script, an evaluation graph) is planned here, by the driver's decisions where they
-    name its variables, else by the run option's rule."""
-    driver_plan = Plan.from_text(contracts.read_plan_text())
-    decision = driver_plan.decision
+def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
+                  cluster: Cluster) -> List[Tuple[tf.Graph, GraphAnalysis, Plan]]:
+    """The copies of the user's graph to rewrite, their analyses, and the plan for each: the
+    driver's, bound to this worker, then those AUTO times against it (runtime/trials.py), each
+    with its own copy and its own state on the servers (run_index). A graph the driver never
+    saw (one of a later get_runner of the script, an evaluation graph) is planned here, by the
+    driver's decisions where they name its variables, else by the run option's rule."""
+    texts = contracts.read_plan_texts()
+    decision = Plan.from_text(texts[0]).decision
     if decision is not None:
         check_counts(user_graph, decision.partitions)
     splits = decision.splits if decision is not None else []
     run_index = next(_run_indices)
-    graph, analysis = copy_and_split(user_graph, analysis, splits, planned=run_index == 0)
-    if run_index == 0:
-        return graph, analysis, driver_plan.bind(analysis, cluster)
-    return graph, analysis, make_plan(analysis, config, cluster, run_index=run_index,
-                                      decision=decision)
+    if run_index:
+        graph, planned = copy_and_split(user_graph, analysis, splits, planned=False)
+        return [(graph, planned, make_plan(planned, config, cluster, run_index=run_index,
+                                           decision=decision))]
+    plans = []
+    for index, text in enumerate(texts):
+        graph, planned = copy_and_split(user_graph, analysis, splits)
+        plan = Plan.from_text(text).bind(planned, cluster)
+        if index:  # the first plan has this call's run index already
+            plan = dataclasses.replace(plan, run_index=next(_run_indices))
+        plans.append((graph, planned, plan))
+    return plans
 
 
 def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> ParallaxRunner:
@@ -74,23 +84,53 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> Para
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     cluster = contracts.read_cluster()
-    graph, analysis, plan = _worker_plan(user_graph, analysis, config, cluster)
-    on_servers = [p.variable.name for p in plan.with_sync(Sync.PS)]
+    plans = _worker_plans(user_graph, analysis, config, cluster)
+    on_servers = [p.variable.name for p in plans[0][2].with_sync(Sync.PS)]
     if on_servers and not cluster.has_servers:
         raise ParallaxError(
             f"this graph puts {on_servers[0]!r} on a parameter server, and the job has none: "
             "the driver launched it for the graph of the script's first get_runner, which "
             "needed none. Give every graph of a script the same kinds of variables (sparse "
             "ones too), or use run_option='PS', which always starts servers")
-    if plan.uses_horovod:
-        # only jobs with replicas join Horovod
+    if len(plans) > 1 or any(plan.uses_horovod for _, _, plan in plans):
+        # only jobs with replicas join Horovod, or that time plans (runtime/trials.py)
         from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
 
         machine_allreduce.init_horovod(cluster)
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
+    runners = [_runner(user_graph, *plans[0], config, cluster, heartbeat, first=True)]
+    started = time.perf_counter()
+    runners += [_runner(user_graph, *plan, config, cluster, heartbeat, first=False)
+                for plan in plans[1:]]
+    build_seconds = time.perf_counter() - started
+    if cluster.is_chief:
+        log.info("%s", runners[0].describe())
+    if heartbeat is not None:
+        heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
+    if len(runners) == 1:
+        return runners[0]
+    candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner)
+                  for (_, _, plan), runner in zip(plans, runners)]
+
+    def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
+        if candidate.runner is not runners[0]:
+            candidate.runner.take_checkpointer(Checkpointer(
+                candidate.runner.transformed_graph, config.ckpt_config, cluster.is_chief))
+        if cluster.is_chief:
+            log.info("%s", trials.describe_kept(runner, candidate))
+
+    return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
+                              build_seconds)
+
+
+def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan: Plan,
+            config: Config, cluster: Cluster, heartbeat, first: bool) -> ParallaxRunner:
+    """The runner of one plan: its copy rewritten, a session of it, its variables initialized
+    (the chief restores the latest checkpoint for the `first` plan: AUTO's trials carry the
+    state on to the others)."""
     graph = transform(graph, plan)
-    if config.export_graph_path:
+    if config.export_graph_path and first:
         _export_graph(graph, config.export_graph_path, f"worker{cluster.worker_id}")
     sess_config = tf.compat.v1.ConfigProto()
     sess_config.CopyFrom(config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True))
@@ -100,19 +140,15 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> Para
         sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
         target = _worker_server(cluster, sess_config).target
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
-    checkpointer = Checkpointer(graph, config.ckpt_config, cluster.is_chief)
+    checkpointer = Checkpointer(graph, config.ckpt_config if first else CheckpointConfig(),
+                                cluster.is_chief)
     _initialize(session, graph, cluster, checkpointer)
-    description = describe(plan)
-    if cluster.is_chief:
-        log.info("%s", description)
-    if heartbeat is not None:
-        heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
     synchronization = {name: p.sync.value for name, p in plan.variables.items()}
     profiler = (Profiler(config.profile_config, cluster.worker_id, graph)
-                if config.profile_config else None)
+                if config.profile_config and first else None)
     return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
-                          cluster.worker_id, description, checkpointer, analysis.training_writes,
-                          heartbeat, synchronization, profiler)
+                          cluster.worker_id, describe(plan), checkpointer,
+                          analysis.training_writes, heartbeat, synchronization, profiler)
 
 
 def _export_graph(graph: tf.Graph, path: str, name: str) -> None:

@@ -400,11 +400,11 @@ def test_the_drivers_plan_reaches_the_workers_whole(monkeypatch):
     decision = decide(graph, analysis, TWO_BY_TWO)
     plan = make_plan(analysis, Config(run_option="AUTO"), TWO_MACHINES, decision=decision)
     assert isinstance(plan.decision, Decision)
-    for name, value in contracts.plan_env(plan.to_text(), [[0, "table", 2]]).items():
+    for name, value in contracts.plan_env([plan.to_text()], [[0, "table", 2]]).items():
         monkeypatch.setenv(name, value)
     assert contracts.read_partition_counts() == {0: 2}
     identity = Cluster([0, 0, 1, 1], ["h1:7", "h2:7"], ["h1:8", "h1:9", "h2:8", "h2:9"], 3)
-    received = Plan.from_text(contracts.read_plan_text()).bind(analyze(graph), identity)
+    received = Plan.from_text(contracts.read_plan_texts()[0]).bind(analyze(graph), identity)
     assert received.to_text() == plan.to_text() and received.cluster == identity
     assert dataclasses.replace(received, decision=None, cluster=None) == dataclasses.replace(
         plan, decision=None, cluster=None)
@@ -433,3 +433,45 @@ def test_describe_shows_a_variable_the_driver_did_not_measure_without_figures():
                               decision=decision))
     table = next(line for line in text.splitlines() if line.startswith("table "))
     assert table.split()[-3:] == ["-", "-", "-"] and "parameter server" in table
+
+
+def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
+    """AUTO's alternatives (Config.trial_steps): the same splits and shards, the sparse
+    variables allgathered (AR's rule) or all on servers (HYBRID's, when it differs), each with
+    its predicted step; the workers train on the fastest measured (runtime/trials.py)."""
+    graph = _graph(vocab=100_000, ids_per_batch=500)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert [a["name"] for a in decision.alternatives] == ["AR's rule"]  # HYBRID's is chosen
+    allgathered = decision.alternative(0)
+    assert allgathered.name == "AR's rule" and allgathered.alternatives == []
+    assert set(allgathered.methods) == set(decision.methods)  # table/part_0, table/part_1, w
+    assert {m["how"] for n, m in allgathered.methods.items() if n != "w"} == {cost.ALLGATHER}
+    assert allgathered.step > 0 and allgathered.note.startswith("AR's rule, timed against")
+    plans = [make_plan(analyze(split_variables(copy_graph(graph), {"table": 2})),
+                       Config(run_option="AUTO"), TWO_MACHINES, decision=d)
+             for d in (decision, allgathered)]
+    assert [p.run_option for p in plans] == ["HYBRID", "AR"]
+
+
+def test_a_plan_allreducing_every_table_is_not_timed():
+    graph = _graph(vocab=100, ids_per_batch=500)  # every row in every batch: allreduced
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.methods["table"]["how"] == cost.ALLREDUCE and decision.alternatives == []
+
+
+def test_a_step_drawing_random_numbers_is_not_timed_and_says_why():
+    """A plan change starts a new session, whose dropout would draw its numbers again."""
+    graph = _graph(vocab=100_000, ids_per_batch=500)
+    with graph.as_default():
+        table = tf.compat.v1.global_variables()[0]
+        dropped = tf.nn.dropout(tf.nn.embedding_lookup(table, [1, 2]), rate=0.5)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(dropped))
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.alternatives == []
+    assert "not timed on the cluster: its step draws random numbers" in decision.note
+
+
+@pytest.mark.parametrize("steps", [-1, 1, 2.5])
+def test_trial_steps_are_none_or_a_warm_up_and_timed_ones(steps):
+    with pytest.raises(ValueError, match="trial_steps must be 0"):
+        Config(run_option="AUTO", trial_steps=steps)

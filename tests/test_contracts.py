@@ -53,9 +53,9 @@ def test_server_index_round_trips(env):
 def test_plan_text_and_partition_counts_round_trip(env):
     assert contracts.read_partition_counts() == {}
     with pytest.raises(ParallaxError, match="no plan from the driver"):
-        contracts.read_plan_text()
-    env(contracts.plan_env('{"plan": 1}', [[0, "emb", 4], [2, "softmax", 2]]))
-    assert contracts.read_plan_text() == '{"plan": 1}'
+        contracts.read_plan_texts()
+    env(contracts.plan_env(['{"plan": 1}', 'b'], [[0, "emb", 4], [2, "softmax", 2]]))
+    assert contracts.read_plan_texts() == ['{"plan": 1}', 'b']
     assert contracts.read_partition_counts() == {0: 4, 2: 2}
 
 

@@ -53,7 +53,7 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
     # Each shard's statistics are half the table's: describe() finds every variable.
     assert decision.variable_stats()["table/part_1"].nbytes == 100_000 * 256 // 2
 
-    for name, value in contracts.plan_env("", decision.partitions).items():
+    for name, value in contracts.plan_env([], decision.partitions).items():
         monkeypatch.setenv(name, value)
     worker_graph = _graph()
     assert len(partitioned_variables(worker_graph)[0].shards) == 2
@@ -79,7 +79,7 @@ def test_a_run_options_rule_is_kept_and_small_tables_stay_whole():
 def test_a_worker_whose_graph_differs_from_the_drivers_is_stopped(monkeypatch):
     graph = _graph()
     decision = decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
-    for name, value in contracts.plan_env("", decision.partitions).items():
+    for name, value in contracts.plan_env([], decision.partitions).items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ParallaxError, match="call 0 made 'other' in 2 shards in this worker, "
                                             "but 'table' in 2 in the driver"):

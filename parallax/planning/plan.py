@@ -38,6 +38,18 @@ class Decision:
     # The Config's run option it was made for: AUTO, or another whose servers and shards
     # (search_partitions, split_variables) were chosen here
     run_option: str = "AUTO"
+    # Other plans AUTO times on the cluster before it keeps the fastest (Config.trial_steps):
+    # {"name", "methods", "machine_stages", "step": predicted seconds}, each
+    alternatives: List[dict] = dataclasses.field(default_factory=list)
+    name: str = "the cost model's choice"  # or the rule of an alternative
+
+    def alternative(self, index: int) -> "Decision":
+        """This decision with the methods of its alternative `index` instead of its own."""
+        chosen = self.alternatives[index]
+        return dataclasses.replace(
+            self, methods=chosen["methods"], machine_stages=chosen["machine_stages"],
+            step=chosen["step"], note=f"{chosen['name']}, timed against the cost model's "
+            f"choice; {self.note}", alternatives=[], name=chosen["name"])
 
     def link_model(self) -> cost.Links:
         return cost.Links(**self.links) if self.links else cost.Links()

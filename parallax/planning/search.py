@@ -17,7 +17,7 @@ from parallax.cluster import Cluster
 from parallax import tf_private
 from parallax.partitioner import Partitioned, partitioned_variables, shard_name
 from parallax.planning import cost, split_rules
-from parallax.planning.analysis import GraphAnalysis
+from parallax.planning.analysis import GraphAnalysis, upstream_ops
 from parallax.planning.measure import Measurements, measure
 from parallax.planning.plan import Decision, rule
 from parallax.planning.rows import rows_can_be_summed
@@ -82,8 +82,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups + [
         Partitioned(name, [], 1) for name in splits])
-    methods = {name: {"how": method.how, "server": method.servers[0] if method.servers
-                      else None} for name, method in chosen.items()}
+    methods = _methods(chosen)
     note = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
             f"links {'measured' if measured.links else 'assumed'}: "
             f"{_rate(links.bandwidth)}, {links.latency * 1e6:.3g} us")
@@ -108,13 +107,74 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
                      f"server {max(held):.0%})")
     else:
         note += f"; compute not measured ({compute_problem})"
-    step = cost.step_time(chosen, stats, shape, links, compute=compute or 0.0, alone=alone,
-                          hierarchical_allreduce=staged)
+    def predicted(choice, staged_):
+        return cost.step_time(choice, stats, shape, links, compute=compute or 0.0, alone=alone,
+                              hierarchical_allreduce=staged_)
+
+    step = predicted(chosen, staged)
     note += (f"; predicted step {_ms(step)}" if timed
              else f"; predicted communication {_ms(step)} a step")
+    alternatives = []
+    untried = _why_untried(graph, analysis)
+    if run_option == "AUTO" and any(m.how == cost.PS for m in chosen.values()) and untried:
+        note += f"; not timed on the cluster: {untried}"
+    elif run_option == "AUTO" and any(m.how == cost.PS for m in chosen.values()):
+        shards = {**{name: range(count, count + 1) for _, name, count in partitions},
+                  **{name: range(count, count + 1) for name, count in splits.items()}}
+        for label, sparse_how in ALTERNATIVES:
+            rule_hows = {name: sparse_how if var.sparse else cost.ALLREDUCE
+                         for name, var in merged.items()}
+            if sparse_how == cost.PS and off_servers & {
+                    name for name, how in rule_hows.items() if how == cost.PS}:
+                continue  # a variable the gradients wait for cannot go to a server
+            alternative, alternative_staged = cost.choose_with_allreduce_form(
+                list(merged.values()), shape, links, hierarchical_allreduce,
+                shard_counts={**counts, **shards}, summable=summable, hows=rule_hows,
+                off_servers=off_servers)
+            alternative = _split_shards(alternative, merged, [  # the chosen shards each
+                Partitioned(group.name, group.shards, count)
+                for group, (_, _, count) in zip(groups, partitions)] + [
+                Partitioned(name, [], count) for name, count in splits.items()])[0]
+            if alternative != chosen:
+                alternatives.append({"name": label, "methods": _methods(alternative),
+                                     "machine_stages": alternative_staged,
+                                     "step": predicted(alternative, alternative_staged)})
     return Decision(methods, {n: dataclasses.asdict(s) for n, s in stats.items()}, note,
                     compute, alone, dataclasses.asdict(links), step, partitions, staged,
-                    [[name, count] for name, count in splits.items()], run_option)
+                    [[name, count] for name, count in splits.items()], run_option,
+                    alternatives)
+
+
+# The plans AUTO also times on the cluster (Config.trial_steps) when the cost model chooses
+# parameter servers: its sparse variables allgathered (AR's rule, always), or all on servers.
+ALTERNATIVES = (("AR's rule", cost.ALLGATHER), ("HYBRID's rule", cost.PS))
+
+
+# Stateful random ops: a session of another plan would draw their numbers again from the start.
+_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop"})
+
+
+def _why_untried(graph: tf.Graph, analysis: GraphAnalysis) -> Optional[str]:
+    """Why the plans cannot take turns on the training steps, or None: a plan change starts a
+    new session, which carries the variables and a tf.data iterator's position over, but
+    starts a queue-based input pipeline or a random op of the step over."""
+    if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        return "its input comes from queue runners, which a new session would start over"
+    step = upstream_ops([graph.get_operation_by_name(name)
+                         for name in dict.fromkeys(analysis.training_writes)])
+    drawn = sorted(op.name for op in step if op.type in _RANDOM_OPS)
+    if drawn:
+        return (f"its step draws random numbers ({drawn[0]!r}), which a new session would "
+                "draw again from the start")
+    return None
+
+
+def _methods(choice: Dict[str, cost.Method]) -> Dict[str, dict]:
+    return {name: {"how": method.how, "server": method.servers[0] if method.servers
+                   else None} for name, method in choice.items()}
 
 
 def _decision_by_rule(graph, analysis, run_option, split, shape, problem) -> Decision:

@@ -51,6 +51,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._cuts = {write: graph.get_operation_by_name(cut)
                       for write, cut in contracts.read_server_writes(graph).items() if cut}
         self._steps = Steps(graph, self.is_chief, training_writes)
+        self.last_run = (False, 0.0)  # whether the last run was a training step, its seconds
         self._initializers = _initializer_names(graph)
         self._skipped_initializer = None
         self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
@@ -107,6 +108,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         """Session.run on the original graph's fetches and feeds. `report`: scalars to show
         in the driver's progress bar and metrics file, averaged over workers, e.g.
         {"loss": loss}; they are computed in the same run."""
+        self.last_run = (False, 0.0)
         if not self.is_chief and _is_checkpoint_save(self._element_or_none(fetches)):
             # Saver.save(runner, path): the chief writes the checkpoint; the others would write
             # the same files at once.
@@ -126,8 +128,9 @@ class ParallaxRunner(tf_private.SessionInterface):
             started = time.perf_counter()
             (result, values), training, restore = self._steps.run(
                 self.session, (mapped, reported), feeds, options, run_metadata)
+            self.last_run = (training, time.perf_counter() - started)
             if traced:
-                self._profiler.write(run_metadata, time.perf_counter() - started)
+                self._profiler.write(run_metadata, self.last_run[1])
             scalars = _scalars(values)
             if self._checkpointer is not None:
                 self._checkpointer.after_run(self.session)
@@ -142,18 +145,33 @@ class ParallaxRunner(tf_private.SessionInterface):
 
     def close(self) -> None:
         """Save a last checkpoint (when configured) and close the session."""
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
         if self._checkpointer is not None:
             self._busy = True
             self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
             self._busy = False
+        self.close_after_trial()
+
+    def close_after_trial(self) -> None:
+        """Close the session, saving nothing: AUTO kept another plan (runtime/trials.py)."""
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
         # Each queue runner closes its queue, cancelling the enqueues under way, and its thread
         # ends quietly (a closed session would fail them with CancelledError instead).
         self._coordinator.request_stop()
         self._coordinator.join(self._queue_threads, stop_grace_period_secs=10)
         self.session.close()
+
+    def take_checkpointer(self, checkpointer) -> None:
+        """Save checkpoints from now on (the plan AUTO kept after its trials)."""
+        self._checkpointer = checkpointer
+        if checkpointer.active:
+            self._save_on_sigterm()
+
+    @property
+    def broadcast_ops(self) -> list:
+        """What makes every replica take worker 0's values (passes/allreduce.py)."""
+        return contracts.read_broadcasts(self.transformed_graph)
 
     def _save_on_sigterm(self) -> None:
         """A SIGTERM (the driver stopping the job) saves a checkpoint before the process exits,

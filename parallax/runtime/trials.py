@@ -1,0 +1,208 @@
+"""AUTO's trials (Config.trial_steps): the job trains its first steps with each plan the driver
+sent, in turn, and keeps the plan whose steps were fastest on the cluster. Every candidate's
+runner is built at the start; a switch carries the job's state from one session to the next —
+the variables (the chief's, servers' included, then broadcast to the replicas), each worker's
+local variables, and the position of its tf.data iterators — so the trial steps are real
+steps of one training, as one device would run them.
+
+Every worker switches after the same training step and takes the chief's timings, so they all
+keep the same plan."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.errors import ParallaxError
+from parallax.runtime.session import ParallaxRunner
+
+log = logging.getLogger("parallax")
+# Iterators of tf.data whose position a switch carries over (a one-shot or an initializable
+# iterator of tf.compat.v1.data).
+_ITERATOR_OPS = frozenset({"OneShotIterator", "IteratorV2", "Iterator"})
+
+
+@dataclasses.dataclass
+class Candidate:
+    name: str  # how the plan was made: the cost model's choice, or a run option's rule
+    predicted: Optional[float]  # seconds of a step, as the cost model predicted
+    runner: ParallaxRunner
+    measured: Optional[float] = None  # median seconds of its timed steps, as the chief saw
+
+
+class TrialRunner(ParallaxRunner):
+    """The runner a worker returns under AUTO with trials: the runner of the plan in use, until
+    each plan had `steps` training steps; then that of the fastest. Everything else a runner
+    does is its current plan's runner's."""
+
+    def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=super-init-not-called
+                 agree: Callable[[np.ndarray], np.ndarray],
+                 on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float):
+        self._candidates = candidates
+        self._trial_steps = steps
+        self._agree = agree  # the chief's vector, on every worker (a collective: a barrier)
+        self._on_kept = on_kept
+        self._index = 0
+        self._times: List[float] = []
+        self._kept: Optional[Candidate] = None
+        # What the trials cost beyond their steps: the other plans' runners, then the switches
+        self.overhead = {"build": build_seconds, "switch": 0.0}
+
+    def __getattr__(self, name):
+        # Only reached for what this object does not hold: the current plan's runner's.
+        return getattr(self._candidates[self._index].runner, name)
+
+    @property
+    def candidates(self) -> List[Candidate]:
+        return self._candidates
+
+    @property
+    def current(self) -> ParallaxRunner:
+        return self._candidates[self._index].runner
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None, report=None):
+        result = self.current.run(fetches, feed_dict, options, run_metadata, report)
+        training, seconds = self.current.last_run
+        if self._kept is None and training:
+            self._times.append(seconds)
+            if len(self._times) == self._trial_steps:
+                self._next()
+        return result
+
+    def describe(self) -> str:
+        lines = [self.current.describe(), "trials on the cluster (Config.trial_steps="
+                 f"{self._trial_steps}, median step of the timed ones; building the other "
+                 f"plans took {self.overhead['build']:.1f} s, switching "
+                 f"{self.overhead['switch']:.1f} s):"]
+        for index, candidate in enumerate(self._candidates):
+            predicted = "-" if candidate.predicted is None else f"{candidate.predicted * 1e3:.1f}"
+            measured = "-" if candidate.measured is None else f"{candidate.measured * 1e3:.1f}"
+            state = ("kept" if candidate is self._kept else
+                     "in use" if self._kept is None and index == self._index else "")
+            lines.append(f"  {candidate.name}: predicted {predicted} ms, measured {measured} "
+                         f"ms {state}".rstrip())
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for candidate in self._candidates:
+            candidate.runner.close()
+
+    def _next(self) -> None:
+        """After a plan's trial steps: on to the next plan, or to the fastest one."""
+        self._candidates[self._index].measured = statistics.median(self._times[1:])
+        self._times = []
+        if self._index + 1 < len(self._candidates):
+            self._switch(self._index + 1)
+            return
+        agreed = self._agree(np.array([c.measured for c in self._candidates], np.float64))
+        for candidate, seconds in zip(self._candidates, agreed):
+            candidate.measured = float(seconds)
+        fastest = int(np.argmin(agreed))
+        if fastest != self._index:
+            self._switch(fastest)
+        self._kept = self._candidates[fastest]
+        for candidate in self._candidates:
+            if candidate is not self._kept:
+                candidate.runner.close_after_trial()
+        self._on_kept(self, self._kept)
+
+    def _switch(self, index: int) -> None:
+        started = time.perf_counter()
+        carry(self.current, self._candidates[index].runner, self._agree)
+        self._index = index
+        self.overhead["switch"] += time.perf_counter() - started
+
+
+def carry(old: ParallaxRunner, new: ParallaxRunner,
+          barrier: Callable[[np.ndarray], np.ndarray]) -> None:
+    """The job's state from `old`'s session into `new`'s, on every worker at once: the chief
+    writes every variable of the model (those on servers too), then every replica takes the
+    chief's, each worker its own local variables and iterators' positions."""
+    shared = _common(old, new, tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    if old.is_chief:
+        _load(new, shared, old.session.run(shared[0]))
+    own = _common(old, new, tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+    _load(new, own, old.session.run(own[0]))
+    folder = tempfile.mkdtemp(prefix="parallax-trial-")
+    try:
+        _carry_iterators(old, new, os.path.join(folder, "iterators"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    barrier(np.zeros(0))  # the chief has written the servers' variables and its replicas
+    new.session.run(new.broadcast_ops)
+
+
+def _common(old: ParallaxRunner, new: ParallaxRunner, key: str):
+    """The variables of `key` both graphs have, by name: old's, new's."""
+    by_name = {v.op.name: v for v in new.transformed_graph.get_collection(key)}
+    pairs = [(v, by_name[v.op.name]) for v in old.transformed_graph.get_collection(key)
+             if v.op.name in by_name]
+    return [o for o, _ in pairs], [n for _, n in pairs]
+
+
+def _load(runner: ParallaxRunner, pair, values) -> None:
+    """Each variable of pair[1] takes its value through its initializer (Variable.load does
+    the same, one variable a run and with a deprecation warning)."""
+    initializers = [variable.initializer for variable in pair[1]]
+    runner.session.run(initializers, {initializer.inputs[1]: value
+                                      for initializer, value in zip(initializers, values)})
+
+
+def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> None:
+    """Each tf.data iterator of `old` goes on in `new` where it stopped (through a file of this
+    worker's own: an iterator's state is a variant tensor, which a session cannot return)."""
+    names = sorted(op.name for op in old.transformed_graph.get_operations()
+                   if op.type in _ITERATOR_OPS)
+    if not names:
+        return
+    graph = old.transformed_graph
+    with graph.as_default(), tf.name_scope("parallax_trials"):
+        states = [tf.raw_ops.SerializeIterator(
+            resource_handle=graph.get_operation_by_name(name).outputs[0]) for name in names]
+        save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                                 shape_and_slices=[""] * len(names), tensors=states)
+    graph = new.transformed_graph
+    with graph.as_default(), tf.name_scope("parallax_trials"):
+        saved = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=names,
+                                     shape_and_slices=[""] * len(names),
+                                     dtypes=[tf.variant] * len(names))
+        restore = [tf.raw_ops.DeserializeIterator(
+            resource_handle=graph.get_operation_by_name(name).outputs[0], serialized=state)
+            for name, state in zip(names, saved)]
+    try:
+        old.session.run(save)
+    except tf.errors.OpError as error:
+        raise ParallaxError(f"AUTO's trials: the position of the input iterator {names[0]!r} "
+                            f"cannot be carried to the next plan ({error.message.splitlines()[0]}"
+                            "); use Config(trial_steps=0)") from None
+    new.session.run(restore)
+
+
+def agreement() -> Callable[[np.ndarray], np.ndarray]:
+    """The chief's vector on every worker, which waits for all of them (Horovod's
+    broadcast from rank 0, in a small graph of its own)."""
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+
+    graph = tf.Graph()
+    with graph.as_default():
+        vector = tf.compat.v1.placeholder(tf.float64, [None])
+        agreed = hvd.broadcast(vector, root_rank=0, name="parallax_trials")
+    session = tf.compat.v1.Session(graph=graph)
+    return lambda values: session.run(agreed, {vector: values})
+
+
+def describe_kept(runner: TrialRunner, kept: Candidate) -> str:
+    return ("AUTO timed its plans on the cluster: " + "; ".join(
+        f"{c.name} {c.measured * 1e3:.1f} ms a step"
+        + (f" (predicted {c.predicted * 1e3:.1f})" if c.predicted is not None else "")
+        for c in runner.candidates) + f"; kept {kept.name} (the trials cost "
+        f"{runner.overhead['build']:.1f} s building the other plans and "
+        f"{runner.overhead['switch']:.1f} s switching, besides their steps)")
