@@ -51,6 +51,8 @@ def main():
     def step():
         time.sleep(straggler)
         runner.run(train_op)
+    while not runner.settled:  # AUTO timing its plans: steps before the warm-up
+        step()
     # An asynchronous worker's step trains its own batch only: the job's throughput is the
     # sum of its workers' (report.py).
     details = workload.details(1 if args.asynchronous else runner.num_workers)

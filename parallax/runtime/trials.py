@@ -61,6 +61,10 @@ class TrialRunner(ParallaxRunner):
         return getattr(self._candidates[self._index].runner, name)
 
     @property
+    def settled(self) -> bool:
+        return self._kept is not None
+
+    @property
     def candidates(self) -> List[Candidate]:
         return self._candidates
 
