@@ -3,6 +3,7 @@
 place of every variable — and launches the job with it (launch.py); it does not return."""
 from __future__ import annotations
 
+import dataclasses
 from typing import List, NoReturn
 
 import tensorflow as tf
@@ -14,7 +15,9 @@ from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements, measure
-from parallax.planning.plan import Plan, check_plan, effective_run_option, make_plan
+from parallax.partitioner import partitioned_variables
+from parallax.planning.plan import (Decision, Plan, check_plan, effective_run_option,
+                                    make_plan)
 from parallax.planning.search import choose
 from parallax.rewriting.split_variables import copy_and_split
 
@@ -56,7 +59,16 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
                                    decision=alternative))
         except ParallaxError:  # a rule's plan this graph cannot train: not an alternative
             continue
+    if decision is not None and _shards_change(graph, decision):
+        plans = [dataclasses.replace(plan, replan_in_workers=True) for plan in plans]
     return plans
+
+
+def _shards_change(graph: tf.Graph, decision: Decision) -> bool:
+    """Whether the decision gives parallax.get_partitioner's calls other shard counts than
+    they made in the driver's graph (the workers' graph code reads the decision's)."""
+    made = partitioned_variables(graph)
+    return any(count != len(made[call].shards) for call, _, count in decision.partitions)
 
 
 def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,

@@ -51,7 +51,8 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     driver's, bound to this worker, then those AUTO times against it (runtime/trials.py), each
     with its own copy and its own state on the servers (run_index). A graph the driver never
     saw (one of a later get_runner of the script, an evaluation graph) is planned here, by the
-    driver's decisions where they name its variables, else by the run option's rule."""
+    driver's decisions where they name its variables, else by the run option's rule; so is
+    one whose parallax.get_partitioner shards the driver's plan changed (replan_in_workers)."""
     texts = contracts.read_plan_texts()
     decision = Plan.from_text(texts[0]).decision
     if decision is not None:
@@ -65,9 +66,12 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     plans = []
     for index, text in enumerate(texts):
         graph, planned = copy_and_split(user_graph, analysis, splits)
-        plan = Plan.from_text(text).bind(planned, cluster)
-        if index:  # the first plan has this call's run index already
-            plan = dataclasses.replace(plan, run_index=next(_run_indices))
+        plan = Plan.from_text(text)
+        index = index and next(_run_indices)  # the first plan has this call's run index
+        if plan.replan_in_workers:
+            plan = make_plan(planned, config, cluster, run_index=index, decision=plan.decision)
+        else:
+            plan = dataclasses.replace(plan.bind(planned, cluster), run_index=index)
         plans.append((graph, planned, plan))
     return plans
 

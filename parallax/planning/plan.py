@@ -86,6 +86,11 @@ class Plan:
     asynchronous: bool = False
     # dense gradients allreduced in machine stages (passes/machine_allreduce.py)
     hierarchical_allreduce: bool = False
+    # The workers build another graph than the driver's: the search gave
+    # parallax.get_partitioner's calls other shard counts, which only the workers' graph code
+    # reads (contracts.read_partition_counts). Each worker makes this plan again from the
+    # decision, for the shards it built.
+    replan_in_workers: bool = False
 
     @property
     def sync_batch_norm(self) -> bool:
