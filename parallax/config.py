@@ -133,9 +133,9 @@ class Config:
         aggregation or steps in common (no worker waits for another); dense variables of
         HYBRID keep their allreduce, in step. Needs parameter servers (PS, HYBRID).
     trial_steps: under AUTO, when the cost model chooses parameter servers, the job first
-        trains this many steps with each of the plans it times (the cost model's choice, then
-        its sparse variables allgathered as in AR, then all on servers as in HYBRID), the
-        first of each untimed, and keeps the plan whose steps were fastest on the cluster.
+        trains this many steps with each of the plans it times (its sparse variables
+        allgathered as in AR, all on servers as in HYBRID, then the cost model's choice), the
+        first two of each untimed, and keeps the plan whose steps were fastest on the cluster.
         They are real training steps: each plan goes on from the last one's variables and
         input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a
@@ -166,7 +166,7 @@ class Config:
     profile_config: Optional[ProfileConfig] = None
     export_graph_path: Optional[str] = None
     sync: bool = True
-    trial_steps: int = 5
+    trial_steps: int = 10
 
     def __post_init__(self):
         option = str(self.run_option).upper()
@@ -194,8 +194,8 @@ class Config:
                              "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
                              "resumes from its latest checkpoint")
         if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
-                self.trial_steps == 1):
-            raise ValueError(f"trial_steps must be 0 (no trials) or at least 2 (a step to "
+                0 < self.trial_steps < 3):
+            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (two steps to "
                              f"warm up, then timed ones), got {self.trial_steps!r}")
         if not isinstance(self.ps_config, PSConfig):
             raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")

@@ -103,13 +103,16 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> Para
         machine_allreduce.init_horovod(cluster)
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
+    # AUTO's trials time the alternatives first and the cost model's choice last: where it
+    # wins (on slow links, where moving the state costs most) no switch back is needed.
+    plans = plans[1:] + plans[:1]
     runners = [_runner(user_graph, *plans[0], config, cluster, heartbeat, first=True)]
     started = time.perf_counter()
     runners += [_runner(user_graph, *plan, config, cluster, heartbeat, first=False)
                 for plan in plans[1:]]
     build_seconds = time.perf_counter() - started
     if cluster.is_chief:
-        log.info("%s", runners[0].describe())
+        log.info("%s", runners[-1].describe())
     if heartbeat is not None:
         heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
     if len(runners) == 1:
@@ -146,7 +149,7 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
     checkpointer = Checkpointer(graph, config.ckpt_config if first else CheckpointConfig(),
                                 cluster.is_chief)
-    _initialize(session, graph, cluster, checkpointer)
+    _initialize(session, graph, cluster, checkpointer, broadcast=first)
     synchronization = {name: p.sync.value for name, p in plan.variables.items()}
     profiler = (Profiler(config.profile_config, cluster.worker_id, graph)
                 if config.profile_config and first else None)
@@ -183,10 +186,11 @@ def _worker_server(cluster, sess_config):
                               sess_config.SerializeToString())
 
 
-def _initialize(session, graph, cluster, checkpointer) -> None:
+def _initialize(session, graph, cluster, checkpointer, broadcast: bool = True) -> None:
     """Every worker initializes its own replicas; the chief initializes what lives on servers,
     or restores it and its replicas from the latest checkpoint, while the others wait for it;
-    then replicas take worker 0's values."""
+    then replicas take worker 0's values (unless `broadcast` is False: a plan AUTO times later,
+    whose replicas take them when the training switches to it)."""
     with graph.as_default():
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         on_servers = [v for v in variables if v.op.device.startswith("/job:ps")]
@@ -209,4 +213,5 @@ def _initialize(session, graph, cluster, checkpointer) -> None:
             session.run(own)
             while len(session.run(uninitialized)):
                 time.sleep(0.2)
-    session.run(contracts.read_broadcasts(graph))
+    if broadcast:
+        session.run(contracts.read_broadcasts(graph))

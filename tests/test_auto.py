@@ -471,7 +471,7 @@ def test_a_step_drawing_random_numbers_is_not_timed_and_says_why():
     assert "not timed on the cluster: its step draws random numbers" in decision.note
 
 
-@pytest.mark.parametrize("steps", [-1, 1, 2.5])
+@pytest.mark.parametrize("steps", [-1, 1, 2, 4.5])
 def test_trial_steps_are_none_or_a_warm_up_and_timed_ones(steps):
     with pytest.raises(ValueError, match="trial_steps must be 0"):
         Config(run_option="AUTO", trial_steps=steps)

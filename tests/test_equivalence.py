@@ -163,9 +163,9 @@ def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkey
     """run_option='AUTO' on 2 machines x 2 workers: an embedding whose every row is in every
     batch is allreduced (its slices summed to dense and back, so Adam and momentum update the
     touched rows only, as on one device); one read a little goes to a parameter server. That
-    plan is timed on the cluster against the embedding allgathered (Config.trial_steps: 5
-    steps each, then the fastest): the training goes on across the plan changes, and every
-    variable ends as on one device."""
+    plan is timed on the cluster against the embedding allgathered (Config.trial_steps: 10
+    steps each, then the fastest, of the 20 steps): the training goes on across the plan
+    changes, and every variable ends as on one device."""
     configs = ["adam", "momentum+clip", "sgd"] if dense_ids else ["adam"]
     result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", model,
                      "--resources", TWO_MACHINES, "--run-option", "AUTO", "--out",

@@ -25,6 +25,9 @@ from parallax.errors import ParallaxError
 from parallax.runtime.session import ParallaxRunner
 
 log = logging.getLogger("parallax")
+# Steps of each plan not timed: its session's first runs (graph optimization, connections,
+# allocations) and, for the plan tried first, the job's own start.
+WARMUP_STEPS = 2
 # Iterators of tf.data whose position a switch carries over (a one-shot or an initializable
 # iterator of tf.compat.v1.data).
 _ITERATOR_OPS = frozenset({"OneShotIterator", "IteratorV2", "Iterator"})
@@ -101,7 +104,7 @@ class TrialRunner(ParallaxRunner):
 
     def _next(self) -> None:
         """After a plan's trial steps: on to the next plan, or to the fastest one."""
-        self._candidates[self._index].measured = statistics.median(self._times[1:])
+        self._candidates[self._index].measured = statistics.median(self._times[WARMUP_STEPS:])
         self._times = []
         if self._index + 1 < len(self._candidates):
             self._switch(self._index + 1)
