@@ -142,8 +142,9 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     sess_config = tf.compat.v1.ConfigProto()
     sess_config.CopyFrom(config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True))
     target = ""
-    if cluster.has_servers:
-        # Each worker talks to the servers and to itself only, never waits for its peers.
+    if cluster.has_servers and plan.run_option in ("PS", "HYBRID"):
+        # Each worker talks to the servers and to itself only, never waits for its peers. (An
+        # AR plan AUTO times in a job with servers runs in a session of this process alone.)
         sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
         target = _worker_server(cluster, sess_config).target
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
