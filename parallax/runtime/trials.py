@@ -99,8 +99,16 @@ class TrialRunner(ParallaxRunner):
         return "\n".join(lines)
 
     def close(self) -> None:
-        for candidate in self._candidates:
-            candidate.runner.close()
+        """Close the plan in use as a runner closes (its last checkpoint); the others, whose
+        state is behind, without saving (those AUTO did not keep are closed already)."""
+        if self._kept is not None:
+            self._kept.runner.close()
+            return
+        for index, candidate in enumerate(self._candidates):  # the script ended in the trials
+            if index == self._index:
+                candidate.runner.close()
+            else:
+                candidate.runner.close_after_trial()
 
     def _next(self) -> None:
         """After a plan's trial steps: on to the next plan, or to the fastest one."""
