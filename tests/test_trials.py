@@ -74,3 +74,45 @@ def test_the_chiefs_timings_decide_on_every_worker():
     for _ in range(6):
         runner.run("train")
     assert kept == [candidates[1]] and [c.measured for c in candidates] == [0.05, 0.02]
+
+
+class _Session:
+    """A plan's graph and session, as carry reads them off a runner."""
+
+    def __init__(self, dataset_fn):
+        import tensorflow as tf
+
+        self.transformed_graph = tf.Graph()
+        with self.transformed_graph.as_default():
+            iterator = tf.compat.v1.data.make_one_shot_iterator(dataset_fn())
+            self.next = iterator.get_next()
+        self.session = tf.compat.v1.Session(graph=self.transformed_graph)
+
+
+def test_an_iterator_goes_on_in_the_next_plan_where_it_stopped(tmp_path):
+    import tensorflow as tf
+
+    def dataset():
+        return tf.data.Dataset.range(100).shuffle(10, seed=1).batch(3)
+    old, new, single = _Session(dataset), _Session(dataset), _Session(dataset)
+    expected = [single.session.run(single.next).tolist() for _ in range(4)]
+    seen = [old.session.run(old.next).tolist() for _ in range(2)]
+    trials._carry_iterators(old, new, str(tmp_path / "iterators"))
+    assert seen + [new.session.run(new.next).tolist() for _ in range(2)] == expected
+
+
+def test_an_iterator_whose_state_cannot_be_saved_is_named(tmp_path):
+    import pytest
+    import tensorflow as tf
+
+    from parallax.errors import ParallaxError
+
+    def dataset():
+        return tf.data.Dataset.from_generator(lambda: iter(range(10)), tf.int64)
+    old, new = _Session(dataset), _Session(dataset)
+    old.session.run(old.next)
+    with pytest.raises(ParallaxError, match="the position of the input iterator .* cannot be "
+                                            r"carried to the next plan \(GeneratorDataset does "
+                                            r"not support checkpointing.\); use Config\("
+                                            "trial_steps=0"):
+        trials._carry_iterators(old, new, str(tmp_path / "iterators"))

@@ -132,7 +132,7 @@ def measure_rows(session: tf.compat.v1.Session, analysis: GraphAnalysis,
             for name, values in session.run(sparse).items():
                 ids[name].append(np.concatenate([v.ravel() for v in values]))
     except tf.errors.InvalidArgumentError as error:
-        return {}, f"the input could not be read before the job ({_reason(error.message)})"
+        return {}, f"the input could not be read before the job ({error_reason(error.message)})"
     except (tf.errors.OpError, ValueError) as error:  # ValueError: ids in a loop's body
         return {}, _probe_failure(error, "the probe of the input failed")
     stats = {}
@@ -218,10 +218,10 @@ def _probe_failure(error: Exception, failed: str) -> str:
         return (f"{failed}: a run waited more than {PROBE_RUN_SECONDS} s (for input only the "
                 "workers can read?)")
     message = error.message if isinstance(error, tf.errors.OpError) else str(error)
-    return f"{failed}: {_reason(message)}"
+    return f"{failed}: {error_reason(message)}"
 
 
-def _reason(message: str) -> str:
+def error_reason(message: str) -> str:
     """The line of a TensorFlow error that says what went wrong: not its heading ("Graph
     execution error:"), the stack where the op was defined, nor the node's name."""
     lines = [line for line in message.splitlines() if line.strip()]

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
+from parallax.planning.measure import error_reason
 from parallax.runtime.session import ParallaxRunner
 
 log = logging.getLogger("parallax")
@@ -46,7 +47,8 @@ class TrialRunner(ParallaxRunner):
     each plan had `steps` training steps; then that of the fastest. Everything else a runner
     does is its current plan's runner's."""
 
-    def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=super-init-not-called
+    # The runner of the plan in use holds the session: nothing of ParallaxRunner's to set up.
+    def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=W0231
                  agree: Callable[[np.ndarray], np.ndarray],
                  on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float):
         self._candidates = candidates
@@ -196,7 +198,7 @@ def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> N
         old.session.run(save)
     except tf.errors.OpError as error:
         raise ParallaxError(f"AUTO's trials: the position of the input iterator {names[0]!r} "
-                            f"cannot be carried to the next plan ({error.message.splitlines()[0]}"
+                            f"cannot be carried to the next plan ({error_reason(error.message)}"
                             "); use Config(trial_steps=0)") from None
     new.session.run(restore)
 
