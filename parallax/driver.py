@@ -52,11 +52,11 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
                        for d in decisions)
     machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
     servers = [f"server {m}" for m in range(len(workers_per_machine))] if with_servers else []
-    plans = [make_plan(planned, config, Cluster(machines, servers), decision=decision)]
+    cluster = Cluster(machines, servers)
+    plans = [make_plan(planned, config, cluster, decision=decision)]
     for alternative in decisions[1:]:
         try:
-            plans.append(make_plan(planned, config, Cluster(machines, servers),
-                                   decision=alternative))
+            plans.append(make_plan(planned, config, cluster, decision=alternative))
         except ParallaxError:  # a rule's plan this graph cannot train: not an alternative
             continue
     if decision is not None and _shards_change(graph, decision):

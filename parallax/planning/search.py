@@ -115,10 +115,11 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     note += (f"; predicted step {_ms(step)}" if timed
              else f"; predicted communication {_ms(step)} a step")
     alternatives = []
-    untried = _why_untried(graph, analysis)
-    if run_option == "AUTO" and any(m.how == cost.PS for m in chosen.values()) and untried:
+    on_servers = run_option == "AUTO" and any(m.how == cost.PS for m in chosen.values())
+    untried = _why_untried(graph, analysis) if on_servers else None
+    if untried:
         note += f"; not timed on the cluster: {untried}"
-    elif run_option == "AUTO" and any(m.how == cost.PS for m in chosen.values()):
+    elif on_servers:
         shards = {**{name: range(count, count + 1) for _, name, count in partitions},
                   **{name: range(count, count + 1) for name, count in splits.items()}}
         for label, sparse_how in ALTERNATIVES:
