@@ -150,15 +150,19 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
                   for rank, (_, host, slot) in enumerate(slots)]
         control = ControlServer(uuid.uuid4().hex, [spec.name for spec in specs],
                                 [spec.name for spec in specs if not spec.service],
-                                config.heartbeat_timeout_secs, config.stall_timeout_secs)
+                                config.heartbeat_timeout_secs, config.stall_timeout_secs,
+                                address, log=say)
         stack.callback(control.stop)
         for spec in specs:
             spec.env.update(job_env)
-            spec.env.update(control.env_for(spec.name, address))
+            spec.env.update(control.env_for(spec.name))
         bar = sys.stderr.isatty() if config.progress_bar is None else config.progress_bar
         display = ProgressDisplay(control, config.metrics_file, bar, attempt=attempt)
         stack.callback(display.close)
-        run_processes(specs, watchdog=control.check, write=display.write_line)
+        # Paused for half the timeout, the driver may have missed beats of processes that
+        # then stopped themselves: too long to go on as if nothing happened.
+        run_processes(specs, watchdog=control.check, write=display.write_line,
+                      pause_limit=config.heartbeat_timeout_secs / 2)
 
 
 def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:

@@ -7,25 +7,41 @@ not end is a deadlock: the job is stopped, naming the workers that are behind), 
 did that all must do at the same point of their steps (a restore from a checkpoint: a worker
 that trains on without it no longer trains the same model, and the job is stopped, naming both),
 and what the user asked to report (a loss), for its progress bar and metrics file. A process
-whose driver stops answering (killed, or on the other side of a partition) stops itself within
-the heartbeat timeout, so nothing outlives its job on any host.
+whose driver stops answering (killed, paused, or on the other side of a partition) stops itself
+within the heartbeat timeout; its watchdog process (runner/watchdog.py) kills it if it cannot,
+so nothing outlives its job on any host.
+
+A job obeys only its owner. The driver makes a key for each attempt of the job and gives it to
+each process in its environment (over the ssh channel, never on a command line or the wire).
+Every beat carries an HMAC-SHA256 of its body and a sequence number that only grows; every
+answer, an HMAC of its own body, which repeats the beat's number. The driver refuses, logs and
+otherwise ignores a beat that is forged, replayed, too large or not of the schema (`_checked`);
+a process ignores an answer it cannot verify. The service runs on grpc's asyncio server,
+listening on the driver's address towards the hosts only: a client that opens calls and never
+sends their message holds coroutines, not the few threads a synchronous server has, and cannot
+delay the real beats.
 
 Messages are JSON over gRPC's generic handlers: no generated code, nothing of TensorFlow.
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import collections
-import concurrent.futures
 import copy
 import dataclasses
+import hashlib
+import hmac
 import json
+import math
 import os
+import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 # grpc's C core logs a line when the driver's server goes away; that is expected here.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -38,16 +54,50 @@ import grpc  # noqa: E402
 
 from runner.process import GRACE_SECONDS  # noqa: E402
 
-CONTROL_ENV = "PARALLAX_CONTROL"  # JSON: address, job, name, timeout (see Heartbeat.from_env)
+CONTROL_ENV = "PARALLAX_CONTROL"  # JSON: address, job, name, timeout, key (Heartbeat.from_env)
 _BEAT = "/parallax.Control/Beat"
+MAX_MESSAGE_BYTES = 64 * 1024  # a beat is a few hundred bytes; marks and scalars add little
+_MAC_BYTES = hashlib.sha256().digest_size
+_UNSIGNED = bytes(_MAC_BYTES)  # the MAC of a refusal to a client not of the job
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_concurrent_streams", 16),  # per connection
+    # A connection, with the calls it holds open, ends after a minute (a real process's
+    # channel reconnects at once); a call gets 5 s more to finish.
+    ("grpc.max_connection_age_ms", 60_000),
+    ("grpc.max_connection_age_grace_ms", 5_000),
+    ("grpc.so_reuseport", 0),  # no other process may bind the port beside this one
+]
+_CLIENT_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+REFUSALS_LOGGED_EVERY_SECONDS = 10.0
+PAUSE_SECONDS = 1.0  # between two checks of ControlServer.check: the driver was not running
 
 
-def _encode(message) -> bytes:
-    return json.dumps(message).encode()
+def encode_beat(key: bytes, beat: dict) -> bytes:
+    """A beat's bytes on the wire: its MAC with the job's key, then its JSON."""
+    return _signed(key, b"beat", beat)
 
 
-def _decode(data: bytes):
-    return json.loads(data.decode())
+def _signed(key: bytes, purpose: bytes, message: dict) -> bytes:
+    body = json.dumps(message).encode()
+    return _mac(key, purpose, body) + body
+
+
+def _mac(key: bytes, purpose: bytes, body: bytes) -> bytes:
+    # `purpose` keeps a beat from passing for an answer, or an answer for a beat.
+    return hmac.new(key, purpose + b"\0" + body, hashlib.sha256).digest()
+
+
+def _verified(key: bytes, purpose: bytes, data: bytes) -> Optional[bytes]:
+    """The body of `data` if its MAC is right, else None."""
+    mac, body = data[:_MAC_BYTES], data[_MAC_BYTES:]
+    return body if hmac.compare_digest(mac, _mac(key, purpose, body)) else None
+
+
+class Refused(ValueError):
+    """A beat the driver does not act on, and why."""
 
 
 @dataclasses.dataclass
@@ -73,6 +123,52 @@ class Progress:
             total[0] += value
             total[1] += count
 
+    @classmethod
+    def from_message(cls, message) -> "Progress":
+        """The progress of a beat, its every field checked for its type (Refused if not)."""
+        _expect(isinstance(message, dict) and set(message) <= _PROGRESS_FIELDS,
+                "progress is not an object of Progress's fields")
+        progress = cls(**message)
+        _expect(_count(progress.steps) and _count(progress.new_steps), "steps: not counts")
+        _expect(_seconds(progress.step_seconds), "step_seconds: not seconds")
+        _expect(progress.in_run_seconds is None or _seconds(progress.in_run_seconds),
+                "in_run_seconds: not seconds")
+        _expect(isinstance(progress.scalars, dict) and all(
+            isinstance(value, list) and len(value) == 2 and _float(value[0])
+            and _count(value[1]) for value in progress.scalars.values()),
+            "scalars: not name: [sum, count]")
+        _expect(isinstance(progress.marks, dict) and all(
+            isinstance(at, list) and all(_count(step) for step in at)
+            for at in progress.marks.values()), "marks: not name: [steps]")
+        progress.step_seconds = float(progress.step_seconds)
+        progress.scalars = {name: [float(value), count]
+                            for name, (value, count) in progress.scalars.items()}
+        return progress
+
+
+_PROGRESS_FIELDS = {field.name for field in dataclasses.fields(Progress)}
+
+
+def _expect(condition: bool, why: str) -> None:
+    if not condition:
+        raise Refused(why)
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0  # pylint: disable=unidiomatic-typecheck  (not bool)
+
+
+def _float(value) -> bool:  # a reported loss may be NaN
+    return type(value) in (int, float)  # pylint: disable=unidiomatic-typecheck  (not bool)
+
+
+def _number(value) -> bool:
+    return _float(value) and math.isfinite(value)
+
+
+def _seconds(value) -> bool:
+    return _number(value) and value >= 0
+
 
 @dataclasses.dataclass
 class _Status:
@@ -81,48 +177,111 @@ class _Status:
     exiting_since: Optional[float] = None  # it said it is exiting (its atexit handlers run)
     progress: Progress = dataclasses.field(default_factory=Progress)  # the latest
     since_taken: Progress = dataclasses.field(default_factory=Progress)  # summed since then
+    sequence: int = 0  # of its last beat: a beat numbered no higher is a replay
+
+    def shift(self, seconds: float, now: float) -> None:
+        """Its times `seconds` later (no later than now): the driver was not running then."""
+        self.started = min(self.started + seconds, now)
+        if self.last_beat is not None:
+            self.last_beat = min(self.last_beat + seconds, now)
+        if self.exiting_since is not None:
+            self.exiting_since = min(self.exiting_since + seconds, now)
 
 
 class ControlServer:
-    """The driver's side. `names` are the job's processes; `workers` those that run steps."""
+    """The driver's side. `names` are the job's processes; `workers` those that run steps. It
+    listens on `address`, the driver's address its processes reach it at; refusals go to
+    `log`, a line each, the same reason at most every REFUSALS_LOGGED_EVERY_SECONDS."""
 
     def __init__(self, job: str, names: List[str], workers: List[str], heartbeat_timeout: float,
-                 stall_timeout: float):
+                 stall_timeout: float, address: str = "127.0.0.1",
+                 log: Optional[Callable[[str], None]] = None):
         self.job = job
+        self.key = secrets.token_bytes(32)
+        self.address = address
         self.heartbeat_timeout = heartbeat_timeout
         self.stall_timeout = stall_timeout
         self.workers = list(workers)
+        self.refused: collections.Counter = collections.Counter()  # why: how many
+        self._log = log or (lambda line: print(f"parallax: {line}", file=sys.stderr, flush=True))
+        self._logged: Dict[str, float] = {}  # why: when last logged
         self._lock = threading.Lock()
         now = time.monotonic()
+        self._last_check = now
         self._status = {name: _Status(started=now) for name in names}
-        self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
-        handler = grpc.method_handlers_generic_handler("parallax.Control", {
-            "Beat": grpc.unary_unary_rpc_method_handler(
-                self._beat, request_deserializer=_decode, response_serializer=_encode)})
-        self._server.add_generic_rpc_handlers((handler,))
-        self.port = self._server.add_insecure_port("[::]:0")
-        self._server.start()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="parallax-control",
+                                        daemon=True)
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result()
 
-    def env_for(self, name: str, address: str) -> Dict[str, str]:
-        """What process `name` needs to reach this server at `address` (an address of this
-        machine that its host can route to)."""
-        host = f"[{address}]" if ":" in address else address
-        return {CONTROL_ENV: json.dumps({"address": f"{host}:{self.port}", "job": self.job,
-                                         "name": name, "timeout": self.heartbeat_timeout})}
+    async def _serve(self) -> int:
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "parallax.Control", {"Beat": grpc.unary_unary_rpc_method_handler(self._beat)}),))
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        port = self._server.add_insecure_port(f"{host}:0")
+        await self._server.start()
+        return port
 
-    def _beat(self, request, _context):
-        if request.get("job") != self.job or request.get("name") not in self._status:
-            return {"ok": False, "reason": "not a process of this job"}
+    def env_for(self, name: str) -> Dict[str, str]:
+        """What process `name` needs to reach this server and prove that it is of the job."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return {CONTROL_ENV: json.dumps({
+            "address": f"{host}:{self.port}", "job": self.job, "name": name,
+            "timeout": self.heartbeat_timeout, "key": self.key.hex()})}
+
+    async def _beat(self, request: bytes, context) -> bytes:
+        return self.receive(request, context.peer())
+
+    def receive(self, request: bytes, peer: str = "this process") -> bytes:
+        """Acts on a beat's bytes as they came from `peer`: the answer's bytes."""
+        try:
+            beat = self._checked(request)
+        except Refused as refusal:
+            self._refuse(peer, str(refusal))
+            return _UNSIGNED + json.dumps({"ok": False, "reason": str(refusal)}).encode()
         with self._lock:
-            status = self._status[request["name"]]
+            status = self._status[beat["name"]]
+            status.sequence = beat["sequence"]
             status.last_beat = time.monotonic()
-            if request.get("exiting"):
+            if beat.get("exiting"):
                 status.exiting_since = status.last_beat
-            if request.get("progress"):
-                progress = status.progress = Progress(**request["progress"])
+            if beat.get("progress") is not None:
+                progress = status.progress = beat["progress"]
                 status.since_taken.steps = progress.steps
                 status.since_taken.add(progress)
-        return {"ok": True}
+        return _signed(self.key, b"answer", {"ok": True, "sequence": beat["sequence"]})
+
+    def _checked(self, request: bytes) -> dict:
+        """The beat in `request`, authenticated, new and of the schema; else Refused."""
+        body = _verified(self.key, b"beat", request)
+        _expect(body is not None, "not signed with the job's key")
+        try:
+            beat = json.loads(body)
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
+            raise Refused("not JSON") from None
+        _expect(isinstance(beat, dict) and set(beat) <= {
+            "job", "name", "sequence", "exiting", "progress"}, "not a beat")
+        _expect(beat.get("job") == self.job, "of another job")
+        _expect(isinstance(beat.get("name"), str) and beat["name"] in self._status,
+                "from a process not of this job")
+        _expect(_count(beat.get("sequence")), "sequence: not a count")
+        _expect(isinstance(beat.get("exiting", False), bool), "exiting: not true or false")
+        if beat.get("progress") is not None:
+            beat["progress"] = Progress.from_message(beat["progress"])
+        with self._lock:
+            _expect(beat["sequence"] > self._status[beat["name"]].sequence,
+                    f"a replay (sequence {beat['sequence']} of {beat['name']} seen)")
+        return beat
+
+    def _refuse(self, peer: str, why: str) -> None:
+        self.refused[why] += 1
+        now = time.monotonic()
+        if now - self._logged.get(why, -math.inf) >= REFUSALS_LOGGED_EVERY_SECONDS:
+            self._logged[why] = now
+            self._log(f"control plane: refused a beat from {peer}: {why} "
+                      f"({self.refused[why]} so far)")
 
     def take_progress(self) -> Dict[str, Progress]:
         """Each worker's progress since the last call: its steps so far, and the time of its
@@ -141,6 +300,13 @@ class ControlServer:
         now = time.monotonic()
         slow_limit = 2 * self.heartbeat_timeout + 30  # starting and exiting take longer
         with self._lock:
+            # A longer gap between two checks (made every poll) is this driver not running
+            # (stopped, starved): the processes' silence in it is not theirs. A gap too long
+            # for them to survive is runner.process's to report (pause_limit).
+            if now - self._last_check > PAUSE_SECONDS:
+                for status in self._status.values():
+                    status.shift(now - self._last_check, now)
+            self._last_check = now
             for name, status in self._status.items():
                 if name in exited:
                     continue
@@ -214,25 +380,33 @@ class ControlServer:
                           "same sequence of training runs")
 
     def stop(self) -> None:
-        self._server.stop(grace=None)
+        asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
 
 class Heartbeat:
     """The process's side: a daemon thread that beats every few seconds with the progress the
     process records, and stops this process when the driver has not answered for the timeout
-    (or says this process is not part of its job)."""
+    (or says this process is not part of its job); and a watchdog process that kills it when
+    it has not stopped GRACE_SECONDS later (runner/watchdog.py)."""
 
-    def __init__(self, address: str, job: str, name: str, timeout: float):
+    def __init__(self, address: str, job: str, name: str, timeout: float, key: bytes):
         self._request = {"job": job, "name": name}
+        self._key = key
+        self._sequence = 0
         self._timeout = timeout
         self._interval = max(0.2, min(2.0, timeout / 5))
         self._lock = threading.Lock()
         self._progress = Progress()
         self._run_started: Optional[float] = None
         self._exit_announced = False
-        self._channel = grpc.insecure_channel(address)
-        self._call = self._channel.unary_unary(_BEAT, request_serializer=_encode,
-                                               response_deserializer=_decode)
+        self._refusal: Optional[str] = None  # the last unsigned refusal, for the stop's reason
+        # Started before grpc's channel: grpc's threads and a fork do not mix (see above).
+        self._watchdog = _start_watchdog(timeout + GRACE_SECONDS + 1, name)
+        self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
+        self._call = self._channel.unary_unary(_BEAT)
         threading.Thread(target=self._loop, name="parallax-heartbeat", daemon=True).start()
 
     @classmethod
@@ -242,7 +416,29 @@ class Heartbeat:
             return None
         del os.environ[CONTROL_ENV]  # this process's own: not for processes it starts
         settings = json.loads(text)
-        return cls(settings["address"], settings["job"], settings["name"], settings["timeout"])
+        return cls(settings["address"], settings["job"], settings["name"], settings["timeout"],
+                   bytes.fromhex(settings["key"]))
+
+    def _send(self, message: dict, timeout: float) -> Optional[dict]:
+        """The driver's answer to `message`, or None: no answer, or one it did not sign for
+        this very beat (whoever else answers, this process does not obey)."""
+        with self._lock:
+            self._sequence += 1
+            sequence = self._sequence
+        message = dict(self._request, sequence=sequence, **message)
+        try:
+            data = self._call(encode_beat(self._key, message), timeout=timeout)
+        except grpc.RpcError:
+            return None
+        body = _verified(self._key, b"answer", data)
+        try:
+            answer = json.loads(body if body is not None else data[_MAC_BYTES:])
+        except ValueError:
+            return None
+        if body is None or not isinstance(answer, dict) or answer.get("sequence") != sequence:
+            self._refusal = str(answer.get("reason")) if isinstance(answer, dict) else None
+            return None
+        return answer
 
     def run_started(self) -> None:
         with self._lock:
@@ -275,11 +471,7 @@ class Heartbeat:
             atexit.register(self._exiting)
 
     def _exiting(self) -> None:
-        try:
-            self._call(dict(self._request, exiting=True, progress=self._take_progress()),
-                       timeout=2.0)
-        except grpc.RpcError:
-            pass
+        self._send({"exiting": True, "progress": self._take_progress()}, timeout=2.0)
 
     def _take_progress(self) -> dict:
         with self._lock:
@@ -300,19 +492,23 @@ class Heartbeat:
             started = time.monotonic()
             progress = self._take_progress()
             try:
-                reply = self._call(dict(self._request, progress=progress),
-                                   timeout=self._interval * 2)
+                reply = self._send({"progress": progress}, timeout=self._interval * 2)
             except Exception:  # pylint: disable=broad-except  (this thread must go on beating)
                 reply = None
+            if reply is None:
                 self._give_back(progress)
-            if reply is not None and not reply.get("ok"):
+            elif not reply.get("ok"):
                 self._stop_process(f"the driver says: {reply.get('reason')}")
                 return
-            if reply is not None:
+            else:
                 answered = time.monotonic()
-            elif time.monotonic() - answered > self._timeout:
+                self._refusal = None
+                _feed(self._watchdog)
+            if time.monotonic() - answered > self._timeout:
+                refused = (f" (its answers were refusals: {self._refusal})" if self._refusal
+                           else "")
                 self._stop_process(f"no answer from the driver for "
-                                   f"{time.monotonic() - answered:.0f} s")
+                                   f"{time.monotonic() - answered:.0f} s{refused}")
                 return
             time.sleep(max(0.0, self._interval - (time.monotonic() - started)))
 
@@ -328,6 +524,27 @@ class Heartbeat:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _start_watchdog(seconds: float, name: str) -> int:
+    """Starts this process's watchdog (runner/watchdog.py), in its process group: the pipe's
+    end that feeds it."""
+    read, write = os.pipe()  # both close on exec: only the watchdog gets `read`, as stdin
+    try:
+        subprocess.Popen([sys.executable, "-I", WATCHDOG, str(seconds), name], stdin=read,
+                         stdout=subprocess.DEVNULL)
+    finally:
+        os.close(read)
+    os.set_blocking(write, False)  # a stopped watchdog must not stop the heartbeat
+    return write
+
+
+def _feed(watchdog: int) -> None:
+    try:
+        os.write(watchdog, b".")
+    except OSError:  # gone or full: the heartbeat alone stops this process
+        pass
+
+
+WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
 _heartbeat: Optional[Heartbeat] = None
 
 

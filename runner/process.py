@@ -28,6 +28,10 @@ GRACE_SECONDS = 5.0  # from SIGTERM to SIGKILL: time for a last checkpoint
 # interpreter teardown is slow), so the report shows every failure in this window.
 FAILURE_WINDOW_SECONDS = 3.0
 TAIL_LINES = 20
+# The driver's exit status when it was itself not running (stopped, suspended) for longer than
+# its processes can wait for it: they stop themselves, and none of them is to blame. 75 is
+# sysexits' EX_TEMPFAIL: the job may be run again.
+DRIVER_PAUSED_EXIT = 75
 _PR_SET_PDEATHSIG = 1
 
 
@@ -160,11 +164,14 @@ class _Process:
 def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
                   timeout: Optional[float] = None,
                   watchdog: Optional[Callable[[set], Optional[str]]] = None,
-                  write: Callable[[bytes], None] = write_stdout) -> None:
+                  write: Callable[[bytes], None] = write_stdout,
+                  pause_limit: Optional[float] = None) -> None:
     """Start every process and wait for all; raise JobFailed when the job does not succeed,
     has not finished after `timeout` seconds, or `watchdog` (called every poll with the names
-    of the processes that have exited, and once more when all have) says why it must stop.
-    Output lines go to `write`."""
+    of the processes that have exited, and once more when all have) says why it must stop;
+    or when this driver was not running (SIGSTOP, a suspend) for `pause_limit` seconds, which
+    its processes may not have survived: whatever they did then is not theirs to answer for
+    (DRIVER_PAUSED_EXIT). Output lines go to `write`."""
     stop_signal = []
     previous = {sig: signal.signal(sig, lambda signum, _: stop_signal.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -175,7 +182,8 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
             processes.append(_Process(spec, output, exits))
         job_deadline = None if timeout is None else time.monotonic() + timeout
         failure = _wait(sum(not p.spec.service for p in processes), exits, stop_signal,
-                        poll_seconds, job_deadline, watchdog or (lambda _: None), output)
+                        poll_seconds, job_deadline, watchdog or (lambda _: None), output,
+                        _PauseClock(pause_limit))
     finally:
         _stop_all(processes)
         for sig, handler in previous.items():
@@ -184,11 +192,36 @@ def run_processes(specs: Sequence[ProcessSpec], poll_seconds: float = 0.1,
         raise failure
 
 
+class _PauseClock:
+    """Measures how long this driver was not running: the longest gap between two ticks."""
+
+    def __init__(self, limit: Optional[float]):
+        self.limit = limit
+        self.longest = 0.0
+        self._last = time.monotonic()
+
+    def tick(self) -> bool:
+        """Whether the driver was not running for `limit` seconds since the first tick."""
+        now = time.monotonic()
+        self.longest = max(self.longest, now - self._last)
+        self._last = now
+        return self.limit is not None and self.longest >= self.limit
+
+    def failure(self) -> JobFailed:
+        return JobFailed(
+            f"this driver was not running for {self.longest:.0f} s (stopped or suspended), "
+            "longer than its processes wait for it before they stop themselves: the job was "
+            "stopped; none of its processes is to blame",
+            DRIVER_PAUSED_EXIT)
+
+
 def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: float,
-          job_deadline: Optional[float], watchdog, output: _Output):
+          job_deadline: Optional[float], watchdog, output: _Output, paused: _PauseClock):
     failures, exited = [], set()
     deadline = None
     while running and (deadline is None or time.monotonic() < deadline):
+        if paused.tick():
+            return paused.failure()
         if stop_signal:
             name = signal.Signals(stop_signal[0]).name
             return JobFailed(f"stopped by {name}: every process was terminated",
@@ -206,6 +239,8 @@ def _wait(running: int, exits: queue.Queue, stop_signal: list, poll_seconds: flo
             process, code = exits.get(timeout=poll_seconds)
         except queue.Empty:
             continue
+        if paused.tick():  # before the exits of those that stopped themselves meanwhile
+            return paused.failure()
         running -= not process.spec.service
         exited.add(process.spec.name)
         if code != 0 or process.spec.service:

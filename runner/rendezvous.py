@@ -2,11 +2,15 @@
 and the environment each rank needs to find it."""
 from __future__ import annotations
 
+import socket
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.gloo_run import create_slot_env_vars
-from horovod.runner.http.http_server import RendezvousServer
+from horovod.runner.http.http_server import (RendezvousHandler, RendezvousHTTPServer,
+                                             RendezvousServer)
+from horovod.runner.util.network import find_port
+from horovod.runner.util.threads import in_thread
 
 
 class GlooRendezvous:
@@ -17,7 +21,7 @@ class GlooRendezvous:
         self.slots: List[SlotInfo] = get_host_assignments(
             [HostInfo(name, count) for name, count in hosts], sum(c for _, c in hosts))
         self.address = address
-        self._server = RendezvousServer(verbose)
+        self._server = _BoundRendezvousServer(address, verbose)
         self.port = self._server.start()
         self._server.init(self.slots)
 
@@ -39,3 +43,24 @@ class GlooRendezvous:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class _BoundRendezvousServer(RendezvousServer):
+    """Horovod's rendezvous server listening on `address` only: its own start() binds every
+    interface and takes no address. The same start, with the address (tests/test_control.py
+    checks the listening socket, so a Horovod that renames these fails loudly)."""
+
+    def __init__(self, address: str, verbose: int):
+        super().__init__(verbose)
+        self._address = address
+
+    def start(self, handler_cls=RendezvousHandler):
+        server = RendezvousHTTPServer if ":" not in self._address else _RendezvousHTTPServer6
+        self._httpd, port = find_port(lambda addr: server(
+            (self._address, addr[1]), handler_cls, self._verbose))
+        self._listen_thread = in_thread(target=self._httpd.serve_forever)
+        return port
+
+
+class _RendezvousHTTPServer6(RendezvousHTTPServer):
+    address_family = socket.AF_INET6

@@ -1,22 +1,27 @@
 """The control plane (runner.control), the output filter and the progress records, on real
 local processes and a real gRPC server; nothing here needs TensorFlow."""
+import hashlib
+import hmac
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
 
+import grpc
 import psutil
 import pytest
 
-from runner.control import ControlServer, Progress
+from runner.control import MAX_MESSAGE_BYTES, ControlServer, Progress, encode_beat
 from runner.link_probe import probe
 from runner.output import PAST_STARTUP, OutputFilter
 from runner.process import GRACE_SECONDS, JobFailed, ProcessSpec, run_processes
 from runner.progress import ProgressDisplay, plot, summarize
+from runner.rendezvous import GlooRendezvous
 from runner.ssh import SSHConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,14 +58,14 @@ def _job(names, workers, heartbeat=2.0, stall=60.0):
 
 
 def _spec(control, name, *args):
-    env = dict(control.env_for(name, "127.0.0.1"), PYTHONPATH=REPO)
+    env = dict(control.env_for(name), PYTHONPATH=REPO)
     return ProcessSpec(name, [sys.executable, "-c", BEATING, *map(str, args)], env=env,
                        cwd=REPO)
 
 
 def _leftovers():
     return [c for c in psutil.Process().children(recursive=True)
-            if "start_heartbeat" in " ".join(c.cmdline())]
+            if any(word in " ".join(c.cmdline()) for word in ("start_heartbeat", "watchdog.py"))]
 
 
 @pytest.mark.job
@@ -102,7 +107,7 @@ def test_workers_stuck_in_a_step_are_a_stall_naming_the_one_behind():
 
 def _marking(control, marks_at, then):
     return [ProcessSpec(name, [sys.executable, "-c", MARKING, "6", str(at), str(then)],
-                        env=dict(control.env_for(name, "127.0.0.1"), PYTHONPATH=REPO), cwd=REPO)
+                        env=dict(control.env_for(name), PYTHONPATH=REPO), cwd=REPO)
             for name, at in zip(control.workers, marks_at)]
 
 
@@ -147,9 +152,12 @@ def test_marks_are_compared_with_the_worker_that_made_them_most_often():
     names = ["h:worker:0", "h:worker:1", "h:worker:2"]
     control = _job(names, names)
 
+    sequence = iter(range(1, 100))
+
     def beat(name, steps, marks):
-        control._beat({"job": control.job, "name": name,
-                       "progress": {"steps": steps, "marks": marks}}, None)
+        control.receive(encode_beat(control.key, {
+            "job": control.job, "name": name, "sequence": next(sequence),
+            "progress": {"steps": steps, "marks": marks}}))
 
     try:
         beat("h:worker:0", 5, {"restored": [2, 2]})
@@ -179,18 +187,51 @@ def test_a_process_whose_driver_is_gone_stops_itself():
 
 
 @pytest.mark.job
-def test_a_process_of_another_job_stops_itself():
-    control = _job(["h:worker:0"], ["h:worker:0"])
+def test_a_process_with_another_jobs_key_obeys_nobody_and_stops_itself():
+    logged = []
+    control = ControlServer(uuid.uuid4().hex, ["h:worker:0"], ["h:worker:0"], 2.0, 60.0,
+                            log=logged.append)
     other = _job(["h:worker:0"], ["h:worker:0"])
-    spec = _spec(other, "h:worker:0", 0, 0.0, "")
-    spec.env.update(control.env_for("h:worker:0", "127.0.0.1"))
-    spec.env["PARALLAX_CONTROL"] = spec.env["PARALLAX_CONTROL"].replace(control.job, "stale")
-    child = subprocess.run(spec.argv, env=dict(os.environ, **spec.env), cwd=REPO,
+    settings = json.loads(other.env_for("h:worker:0")["PARALLAX_CONTROL"])
+    settings.update(address=f"127.0.0.1:{control.port}", job=control.job)
+    started = time.monotonic()
+    child = subprocess.run([sys.executable, "-c", BEATING, "0", "0", ""], cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=REPO,
+                                    PARALLAX_CONTROL=json.dumps(settings)),
                            capture_output=True, text=True, timeout=30)
     control.stop()
     other.stop()
     assert child.returncode == -signal.SIGTERM
-    assert "not a process of this job" in child.stderr
+    assert ("no answer from the driver for 2 s (its answers were refusals: not signed with the "
+            "job's key)") in child.stderr
+    assert 2.0 <= time.monotonic() - started < 2.0 + 5
+    assert control.refused["not signed with the job's key"] >= 3
+    assert len(logged) == 1 and "refused a beat from ipv4:127.0.0.1:" in logged[0]
+    assert control.take_progress()["h:worker:0"].steps == 0
+
+
+@pytest.mark.job
+def test_a_process_its_heartbeat_cannot_stop_is_killed_by_its_watchdog():
+    """Its main thread holds the GIL in C code forever (as a finalizer blocked in TensorFlow's
+    C++ does) and it handles SIGTERM in Python: neither its heartbeat thread nor a SIGTERM
+    can stop it once its driver is gone; its watchdog kills it."""
+    blocked = ("import ctypes, signal, time\nfrom runner.control import start_heartbeat\n"
+               "start_heartbeat()\nsignal.signal(signal.SIGTERM, lambda *_: None)\n"
+               "time.sleep(1.5)\nctypes.PyDLL(None).pause()\n")
+    control = _job(["h:worker:0"], ["h:worker:0"], heartbeat=2.0)
+    child = subprocess.Popen([sys.executable, "-c", blocked], cwd=REPO, stderr=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=REPO, **control.env_for("h:worker:0")),
+                             text=True, start_new_session=True)
+    time.sleep(3)
+    assert control.take_progress() and control.check() is None  # it beat, then blocked
+    control.stop()
+    gone = time.monotonic()
+    _, stderr = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    # Its last answer came as it blocked, 1.5 s before the driver went.
+    assert time.monotonic() - gone < 2.0 + GRACE_SECONDS + 1 + 1
+    assert "h:worker:0 did not stop itself: killing it" in stderr
+    assert _leftovers() == []
 
 
 @pytest.mark.job
@@ -266,7 +307,7 @@ def test_a_beating_process_can_fork():
     forks = ("from runner.control import start_heartbeat\nimport subprocess\n"
              "start_heartbeat()\nfor _ in range(300):\n"
              "    subprocess.run(['true'], preexec_fn=lambda: None)\n")
-    env = dict(os.environ, PYTHONPATH=REPO, **control.env_for("h:worker:0", "127.0.0.1"))
+    env = dict(os.environ, PYTHONPATH=REPO, **control.env_for("h:worker:0"))
     env.pop("GRPC_ENABLE_FORK_SUPPORT", None)
     for _ in range(2):
         child = subprocess.run([sys.executable, "-c", forks], env=env, cwd=REPO,
@@ -304,3 +345,147 @@ def test_the_link_probe_between_two_loopback_machines():
     assert link["bandwidth"] > 10e6 and 0 < link["latency"] < 0.01
     assert not [c for c in psutil.Process().children(recursive=True)
                 if "link_probe" in " ".join(c.cmdline())]
+
+
+# The wire, as runner/control.py documents it: a beat is the HMAC-SHA256 of b"beat\0" + its JSON
+# with the job's key, then the JSON; an answer the same with b"answer\0".
+def _wire(key: bytes, purpose: bytes, body: bytes) -> bytes:
+    return hmac.new(key, purpose + b"\0" + body, hashlib.sha256).digest() + body
+
+
+def _beat(control, sequence, name="h:worker:0", **fields) -> bytes:
+    return encode_beat(control.key, dict(job=control.job, name=name, sequence=sequence, **fields))
+
+
+def _answer(control, data: bytes) -> dict:
+    """The driver's answer to `data`; `signed`: whether its MAC is the job's for it."""
+    answer = control.receive(data)
+    body = answer[32:]
+    return dict(json.loads(body), signed=answer == _wire(control.key, b"answer", body))
+
+
+def test_a_beat_is_answered_signed_for_its_sequence():
+    control = _job(["h:worker:0"], ["h:worker:0"])
+    try:
+        answer = _answer(control, _beat(control, 7, progress={"steps": 3, "new_steps": 3}))
+        assert answer == {"ok": True, "sequence": 7, "signed": True}
+        assert control.take_progress()["h:worker:0"].steps == 3
+    finally:
+        control.stop()
+
+
+def test_forged_and_replayed_beats_are_refused_logged_and_change_nothing():
+    logged = []
+    control = ControlServer(uuid.uuid4().hex, ["h:worker:0"], ["h:worker:0"], 2.0, 60.0,
+                            log=logged.append)
+    try:
+        good = _beat(control, 1, progress={"steps": 3})
+        assert _answer(control, good)["ok"]
+        body = good[32:]
+        forged = [b"", b"x" * 10, os.urandom(64), bytes(32) + body,
+                  _wire(os.urandom(32), b"beat", body.replace(b'"steps": 3', b'"steps": 9')),
+                  good[:32] + body.replace(b'"sequence": 1', b'"sequence": 2'),
+                  _wire(control.key, b"answer", body.replace(b'"sequence": 1', b'"sequence": 2'))]
+        for data in forged + [good]:  # good again: a replay
+            answer = _answer(control, data)
+            assert not answer["ok"] and not answer["signed"], data
+        assert control.take_progress()["h:worker:0"].steps == 3
+        assert control.refused == {"not signed with the job's key": len(forged),
+                                   "a replay (sequence 1 of h:worker:0 seen)": 1}
+        assert len(logged) == 2 and "not signed with the job's key (1 so far)" in logged[0]
+    finally:
+        control.stop()
+
+
+WRONG_BEATS = [
+    [], "beat", {"name": "h:worker:0", "sequence": 2},  # no job
+    {"sequence": 2, "name": "h:worker:9"}, {"sequence": 2, "name": ["h:worker:0"]},
+    {"sequence": "2"}, {"sequence": True}, {"sequence": -1}, {"sequence": 2.5},
+    {"sequence": 2, "exiting": "yes"}, {"sequence": 2, "other": 1},
+    {"sequence": 2, "progress": []}, {"sequence": 2, "progress": {"unknown": 1}},
+    {"sequence": 2, "progress": {"in_run_seconds": "x"}},
+    {"sequence": 2, "progress": {"steps": -1}}, {"sequence": 2, "progress": {"steps": 1.5}},
+    {"sequence": 2, "progress": {"steps": True}},
+    {"sequence": 2, "progress": {"step_seconds": float("inf")}},
+    {"sequence": 2, "progress": {"step_seconds": -1}},
+    {"sequence": 2, "progress": {"scalars": {"loss": "x"}}},
+    {"sequence": 2, "progress": {"scalars": {"loss": [1.0]}}},
+    {"sequence": 2, "progress": {"scalars": []}},
+    {"sequence": 2, "progress": {"marks": {"restored": ["x"]}}},
+    {"sequence": 2, "progress": {"marks": {"restored": 3}}},
+]
+
+
+def test_signed_beats_not_of_the_schema_are_refused_and_the_driver_goes_on():
+    """What only a holder of the key could send: refused before use, never a crash (a beat
+    with "in_run_seconds": "x" stopped the driver with a TypeError)."""
+    control = _job(["h:worker:0"], ["h:worker:0"])
+    try:
+        assert _answer(control, _beat(control, 1))["ok"]
+        bodies = [json.dumps(dict(job=control.job, name="h:worker:0", **wrong)
+                             if isinstance(wrong, dict) and "name" not in wrong else wrong)
+                  .encode() for wrong in WRONG_BEATS]
+        bodies += [b"not json", b"[" * 30000 + b"]" * 30000, b'{"sequence": 2' * 3]
+        for body in bodies:
+            answer = _answer(control, _wire(control.key, b"beat", body))
+            assert not answer["ok"] and not answer["signed"], body[:100]
+            assert control.check() is None
+        assert sum(control.refused.values()) == len(bodies)
+        # Still the job's: a NaN loss is a loss; the next beat is taken.
+        answer = _answer(control, _beat(control, 2, progress={
+            "steps": 1, "new_steps": 1, "scalars": {"loss": [float("nan"), 1]}}))
+        assert answer["ok"] and answer["signed"]
+    finally:
+        control.stop()
+
+
+def test_half_open_and_oversized_calls_do_not_delay_real_beats():
+    """100 calls that send their headers and never their message, on 10 connections, and
+    messages over the size limit: a real beat is answered at once."""
+    control = _job(["h:worker:0"], ["h:worker:0"])
+    address = f"127.0.0.1:{control.port}"
+    channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(10)]
+    release = threading.Event()
+
+    def never():
+        release.wait()
+        yield b""
+
+    try:
+        held = [channel.stream_unary("/parallax.Control/Beat").future(never())
+                for channel in channels for _ in range(10)]
+        time.sleep(1.0)
+        with pytest.raises(grpc.RpcError) as oversized:
+            channels[0].unary_unary("/parallax.Control/Beat")(b"x" * (MAX_MESSAGE_BYTES + 1),
+                                                              timeout=5)
+        assert oversized.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        real = grpc.insecure_channel(address).unary_unary("/parallax.Control/Beat")
+        started = time.monotonic()
+        answer = real(_beat(control, 1), timeout=5)
+        assert time.monotonic() - started < 0.5
+        assert json.loads(answer[32:]) == {"ok": True, "sequence": 1}
+        assert not any(call.done() for call in held)  # all still open
+    finally:
+        release.set()
+        for channel in channels:
+            channel.close()
+        control.stop()
+
+
+def test_the_control_plane_and_rendezvous_listen_on_the_jobs_address_only():
+    control = ControlServer(uuid.uuid4().hex, ["h:worker:0"], ["h:worker:0"], 2.0, 60.0,
+                            address="127.0.0.2")
+    rendezvous = GlooRendezvous([("127.0.0.2", 1)], "127.0.0.2")
+    try:
+        listening = [c.laddr for c in psutil.Process().net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        for port in (control.port, rendezvous.port):
+            # grpc's socket is IPv6, bound to the IPv4-mapped address
+            assert {ip.removeprefix("::ffff:") for ip, at in listening if at == port} == {
+                "127.0.0.2"}, listening
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2)
+    finally:
+        rendezvous.stop()
+        control.stop()
