@@ -1,9 +1,11 @@
 """The control plane (runner.control), the output filter and the progress records, on real
 local processes and a real gRPC server; nothing here needs TensorFlow."""
+import collections
 import hashlib
 import hmac
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ import grpc
 import psutil
 import pytest
 
+from conftest import WORKLOADS
 from runner.control import MAX_MESSAGE_BYTES, ControlServer, Progress, encode_beat
 from runner.link_probe import probe
 from runner.output import PAST_STARTUP, OutputFilter
@@ -489,3 +492,91 @@ def test_the_control_plane_and_rendezvous_listen_on_the_jobs_address_only():
     finally:
         rendezvous.stop()
         control.stop()
+
+
+@pytest.mark.job
+def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
+    """Against a real job (HYBRID: servers, Horovod, two workers): 100 half-open calls held
+    throughout, random bytes as calls and as raw TCP, calls over the size limit, and, signed
+    with the job's key as if it had leaked, beats of the wrong schema and replays. The job
+    trains to its end, the driver logs the refusals, and nobody is blamed."""
+    env = dict(os.environ, PARALLAX_TEST_HEARTBEAT_SECS="5", PARALLAX_TEST_STEPS="300")
+    driver = subprocess.Popen([sys.executable, os.path.join(WORKLOADS, "supervised.py"), "long",
+                               "localhost:0,1", "", "sparse", "HYBRID"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    reader = threading.Thread(target=lambda: output.extend(driver.stdout), daemon=True)
+    reader.start()
+    settings, deadline = None, time.monotonic() + 120
+    while settings is None and time.monotonic() < deadline:
+        for child in psutil.Process(driver.pid).children(recursive=True):
+            try:
+                text = child.environ().get("PARALLAX_CONTROL")
+            except psutil.Error:
+                continue
+            if text and ":worker:" in json.loads(text)["name"]:
+                settings = json.loads(text)
+        time.sleep(0.2)
+    assert settings, "".join(output)[-3000:]
+    key, address = bytes.fromhex(settings["key"]), settings["address"]
+    figures = _fuzz(address, key, settings["job"], settings["name"])
+    driver.wait(timeout=300)
+    reader.join(timeout=10)
+    text = "".join(output)
+    print("\nfuzz of a live job's control plane:", figures)
+    assert driver.returncode == 0, text[-3000:]
+    assert text.count("done, loss") == 2
+    assert "refused a beat" in text and "not signed with the job's key" in text
+    assert "a replay" in text and "progress is not an object" in text
+    assert not any(blame in text for blame in ("no heartbeat", "stalled", "never reached",
+                                               "Traceback"))
+
+
+def _fuzz(address, key, job, name, seconds=15.0):
+    """Bad clients for `seconds`; what was sent, counted."""
+    rng = random.Random(0)
+    figures = collections.Counter()
+    host, port = address.rsplit(":", 1)
+    channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(10)]
+    release = threading.Event()
+
+    def never():
+        release.wait()
+        yield b""
+
+    held = [channel.stream_unary("/parallax.Control/Beat").future(never())
+            for channel in channels for _ in range(10)]
+    figures["half-open calls held"] = len(held)
+    call = grpc.insecure_channel(address).unary_unary("/parallax.Control/Beat")
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            kind = rng.choice(["bytes", "oversized", "tcp", "schema", "replay"])
+            if kind == "bytes":
+                data = rng.randbytes(rng.randrange(0, 4096))
+            elif kind == "oversized":
+                data = rng.randbytes(MAX_MESSAGE_BYTES + rng.randrange(1, 10 ** 6))
+            elif kind == "tcp":
+                with socket.create_connection((host, int(port)), timeout=2) as raw:
+                    raw.sendall(rng.randbytes(rng.randrange(1, 4096)))
+                figures["raw TCP connections of random bytes"] += 1
+                continue
+            elif kind == "schema":
+                wrong = rng.choice(WRONG_BEATS)
+                beat = (dict({"job": job, "name": name}, **wrong)
+                        if isinstance(wrong, dict) and "name" not in wrong else wrong)
+                data = _wire(key, b"beat", json.dumps(beat).encode())
+            else:
+                data = encode_beat(key, {"job": job, "name": name, "sequence": 1,
+                                         "progress": {"steps": 10 ** 9}})
+            try:
+                call(data, timeout=5)
+            except grpc.RpcError as error:
+                figures[f"calls failed ({error.code().name})"] += 1
+            figures[f"calls: {kind}"] += 1
+    finally:
+        release.set()
+        for channel in channels:
+            channel.close()
+    return dict(figures)

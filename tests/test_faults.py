@@ -13,12 +13,14 @@ import psutil
 import pytest
 
 from conftest import WORKLOADS
+from runner.process import DRIVER_PAUSED_EXIT, GRACE_SECONDS
 from emulated import (HOSTS, RESOURCES, assert_hosts_idle, cluster,  # noqa: F401
                       namespace_pids, processes, pytestmark, start, wait_for)
 
 pytestmark = [pytestmark, pytest.mark.job]
 
 HEARTBEAT = 10.0  # Config.heartbeat_timeout_secs of these jobs
+PAUSE_RUNS = int(os.environ.get("PARALLAX_TEST_PAUSE_RUNS", "1"))  # 5 for the issue's report
 SCRIPT = os.path.join(WORKLOADS, "supervised.py")
 TIMINGS = []
 
@@ -38,11 +40,15 @@ def _job(cluster, run_option, mode="hang", **popen):
     return driver, token
 
 
-def _clean_after(token, since, timeout=30.0):
-    """Seconds from `since` until no process of the job is left anywhere."""
+def _clean_after(token, since, timeout=30.0, driver=None):
+    """Seconds from `since` until no process of the job (but its `driver`) is left anywhere."""
     deadline = time.monotonic() + timeout
-    while processes(token):
-        assert time.monotonic() < deadline, f"left: {[p.cmdline() for p in processes(token)]}"
+
+    def left():
+        return [p for p in processes(token) if driver is None or p.pid != driver.pid]
+
+    while left():
+        assert time.monotonic() < deadline, f"left: {[p.cmdline() for p in left()]}"
         time.sleep(0.2)
     return time.monotonic() - since
 
@@ -69,6 +75,32 @@ def test_a_stopped_process_is_named_and_the_job_stopped(cluster, role, run_optio
     clean = _clean_after(token, stopped)
     assert_hosts_idle()
     _record(f"SIGSTOP of a {role}", run_option, ended, driver.returncode, named, clean)
+
+
+@pytest.mark.parametrize("run", range(PAUSE_RUNS))
+@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
+def test_a_paused_driver_leaves_nothing_running_and_blames_nobody(cluster, run_option, run):
+    """SIGSTOP of the driver for twice the heartbeat timeout: every process on every host
+    stops itself meanwhile (its watchdog kills it if it cannot); after SIGCONT the driver says
+    that it was itself not running, with its own exit code."""
+    driver, token = _job(cluster, run_option)
+    wait_for(driver.stdout, " ready", 4)
+    driver.send_signal(signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+        clean = _clean_after(token, paused, timeout=2 * HEARTBEAT, driver=driver)
+        assert clean < HEARTBEAT + GRACE_SECONDS + 2
+        assert_hosts_idle(timeout=5)
+        time.sleep(max(0.0, paused + 2 * HEARTBEAT - time.monotonic()))
+    finally:
+        driver.send_signal(signal.SIGCONT)
+    output = driver.communicate(timeout=60)[0]
+    ended = time.monotonic() - paused
+    assert driver.returncode == DRIVER_PAUSED_EXIT, output[-3000:]
+    assert "this driver was not running for 2" in output, output[-3000:]
+    assert not any(blame in output for blame in ("no heartbeat", "exited with", "killed by"))
+    _record("SIGSTOP of the driver for 20 s, then SIGCONT", run_option, ended,
+            driver.returncode, "the driver itself", clean)
 
 
 def test_a_host_cut_off_stops_the_job_and_itself(cluster):

@@ -2,6 +2,7 @@
 
     python supervised.py MODE [resources] [redirect_path] [sparse] [run_option]
     MODE: ok | fail-worker-1 | hang | talk (hang, printing each step) | bad-fetch |
+          long (PARALLAX_TEST_STEPS steps, 300 unless set, 0.05 s apart, then done) |
           diverge (worker 1 stops taking steps, the others wait for it in theirs) |
           caught-error (a run fails, the script catches it and goes on after a pause)
 PARALLAX_TEST_HEARTBEAT_SECS, PARALLAX_TEST_STALL_SECS and PARALLAX_TEST_METRICS set
@@ -57,12 +58,13 @@ if mode == "caught-error":
     except tf.errors.InvalidArgumentError:
         time.sleep(stall + 3)  # outside any run: not a stall
 # The other modes would wait in allreduce forever.
-steps = 10 if mode in ("ok", "caught-error") else 10 ** 9
+steps = {"ok": 10, "caught-error": 10,
+         "long": int(os.environ.get("PARALLAX_TEST_STEPS", 300))}.get(mode, 10 ** 9)
 for step in range(steps):
     if mode == "diverge" and runner.worker_id == 1 and step == 3:
         time.sleep(600)
     runner.run(train_op, report={"loss": loss})
-    if mode in ("hang", "talk"):
+    if mode in ("hang", "talk", "long"):
         time.sleep(0.05)
     if mode == "talk":
         print(f"worker {runner.worker_id} step {step}", flush=True)
