@@ -272,7 +272,7 @@ class ControlServer:
             beat["progress"] = Progress.from_message(beat["progress"])
         with self._lock:
             _expect(beat["sequence"] > self._status[beat["name"]].sequence,
-                    f"a replay (sequence {beat['sequence']} of {beat['name']} seen)")
+                    f"a replay of a beat of {beat['name']}")  # a bounded set of reasons
         return beat
 
     def _refuse(self, peer: str, why: str) -> None:
@@ -471,7 +471,10 @@ class Heartbeat:
             atexit.register(self._exiting)
 
     def _exiting(self) -> None:
-        self._send({"exiting": True, "progress": self._take_progress()}, timeout=2.0)
+        try:
+            self._send({"exiting": True, "progress": self._take_progress()}, timeout=2.0)
+        except Exception:  # pylint: disable=broad-except  (at exit: nothing to report it to)
+            pass
 
     def _take_progress(self) -> dict:
         with self._lock:

@@ -1,14 +1,17 @@
 """A short probe of the link between two machines: latency (the median round trip of a small
 message, halved) and bandwidth (bytes per second of a bulk transfer, one way).
 
-    python -m runner.link_probe serve              # prints its port, answers one client
-    python -m runner.link_probe measure HOST PORT  # prints {"latency": s, "bandwidth": B/s}
+    python -m runner.link_probe serve HOST CLIENT  # prints its port, answers CLIENT once
+    python -m runner.link_probe measure HOST PORT    # prints {"latency": s, "bandwidth": B/s}
 
 `probe(a, b, ssh)` runs the server on machine b and the client on machine a (over ssh where
-they are not this machine) and returns what the client measured.
+they are not this machine) and returns what the client measured. The server listens on b's
+address of the resources only and answers only a connection from a's (any of this machine's
+loopback addresses when a is this machine): whoever else connects is hung up on.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import shlex
 import socket
@@ -16,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict
+from typing import Dict, Set
 
 from runner.resources import is_local
 from runner.ssh import SSHConfig, environment_line
@@ -25,11 +28,23 @@ PINGS, BULK_BYTES, CHUNK = 20, 4 << 20, 64 << 10
 TIMEOUT_SECONDS = 60
 
 
-def serve() -> None:
-    with socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True) as server:
+def serve(host: str, client: str) -> None:
+    family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), 0,
+                                                  type=socket.SOCK_STREAM)[0]
+    if ipaddress.ip_address(address[0]).is_loopback and not is_local(client):
+        # A host whose own name resolves to loopback here (Debian's 127.0.1.1): every
+        # interface, the client's address checked as ever.
+        family, address = socket.AF_INET6, ("", 0)
+    with socket.create_server(address[:2], family=family,
+                              dualstack_ipv6=family == socket.AF_INET6) as server:
         print(server.getsockname()[1], flush=True)
         server.settimeout(TIMEOUT_SECONDS)
-        connection, _ = server.accept()
+        allowed = _addresses(client)
+        while True:
+            connection, peer = server.accept()
+            if _is_allowed(peer[0], allowed, is_local(client)):
+                break
+            connection.close()
         with connection:
             connection.settimeout(TIMEOUT_SECONDS)
             for _ in range(PINGS):
@@ -58,6 +73,16 @@ def measure(host: str, port: int) -> Dict[str, float]:
     return {"latency": statistics.median(trips) / 2, "bandwidth": BULK_BYTES / seconds}
 
 
+def _addresses(host: str) -> Set[str]:
+    return {info[4][0] for info in socket.getaddrinfo(host.strip("[]"), 0,
+                                                       type=socket.SOCK_STREAM)}
+
+
+def _is_allowed(peer: str, allowed: Set[str], loopback: bool) -> bool:
+    peer = peer.removeprefix("::ffff:")
+    return peer in allowed or (loopback and ipaddress.ip_address(peer).is_loopback)
+
+
 def _read(connection, count: int) -> bytes:
     data = connection.recv(count)
     if not data:
@@ -68,7 +93,8 @@ def _read(connection, count: int) -> bytes:
 def probe(client_host: str, server_host: str, ssh: SSHConfig) -> Dict[str, float]:
     """What the link from `client_host` to `server_host` gives (both names of the resources)."""
     remote = not is_local(server_host)
-    server = subprocess.Popen(_command(server_host, ["serve"], ssh), stdout=subprocess.PIPE,
+    server = subprocess.Popen(_command(server_host, ["serve", server_host, client_host], ssh),
+                              stdout=subprocess.PIPE,
                               stdin=subprocess.PIPE if remote else subprocess.DEVNULL, text=True)
     try:
         if remote:  # runner.remote_exec: its environment, then stdin stays open until the end
@@ -101,8 +127,8 @@ def _command(host: str, args, ssh: SSHConfig):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"]:
-        serve()
+    if sys.argv[1:2] == ["serve"] and len(sys.argv) == 4:
+        serve(sys.argv[2], sys.argv[3])
     elif sys.argv[1:2] == ["measure"] and len(sys.argv) == 4:
         print(json.dumps(measure(sys.argv[2], int(sys.argv[3]))))
     else:

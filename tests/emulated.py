@@ -67,8 +67,8 @@ def start(cluster, *args, **popen):
 
 
 def processes(token, role=None, host=None):
-    """The job's processes (of `role`, on host index `host` = 1, 2, ...), remote_exec aside
-    when a role is asked for."""
+    """The job's processes (of `role`, on host index `host` = 1, 2, ...), remote_exec and
+    the watchdogs aside when a role is asked for."""
     in_host = None if host is None else namespace_pids(host)
     found = []
     for process in psutil.process_iter():
@@ -78,8 +78,10 @@ def processes(token, role=None, host=None):
                 continue
             if in_host is not None and process.pid not in in_host:
                 continue
+            command = " ".join(process.cmdline())
             if role is None or (environ.get("PARALLAX_ROLE") == role
-                                and "runner.remote_exec" not in " ".join(process.cmdline())):
+                                and "runner.remote_exec" not in command
+                                and "runner/watchdog.py" not in command):
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

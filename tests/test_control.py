@@ -1,6 +1,7 @@
 """The control plane (runner.control), the output filter and the progress records, on real
 local processes and a real gRPC server; nothing here needs TensorFlow."""
 import collections
+import contextlib
 import hashlib
 import hmac
 import json
@@ -394,7 +395,7 @@ def test_forged_and_replayed_beats_are_refused_logged_and_change_nothing():
             assert not answer["ok"] and not answer["signed"], data
         assert control.take_progress()["h:worker:0"].steps == 3
         assert control.refused == {"not signed with the job's key": len(forged),
-                                   "a replay (sequence 1 of h:worker:0 seen)": 1}
+                                   "a replay of a beat of h:worker:0": 1}
         assert len(logged) == 2 and "not signed with the job's key (1 so far)" in logged[0]
     finally:
         control.stop()
@@ -447,8 +448,27 @@ def test_half_open_and_oversized_calls_do_not_delay_real_beats():
     messages over the size limit: a real beat is answered at once."""
     control = _job(["h:worker:0"], ["h:worker:0"])
     address = f"127.0.0.1:{control.port}"
+    try:
+        with _half_open_calls(address) as held:
+            time.sleep(1.0)
+            call = grpc.insecure_channel(address).unary_unary("/parallax.Control/Beat")
+            with pytest.raises(grpc.RpcError) as oversized:
+                call(b"x" * (MAX_MESSAGE_BYTES + 1), timeout=5)
+            assert oversized.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            started = time.monotonic()
+            answer = call(_beat(control, 1), timeout=5)
+            assert time.monotonic() - started < 0.5
+            assert json.loads(answer[32:]) == {"ok": True, "sequence": 1}
+            assert not any(held_call.done() for held_call in held)  # all still open
+    finally:
+        control.stop()
+
+
+@contextlib.contextmanager
+def _half_open_calls(address, connections=10, each=10):
+    """Calls that send their headers and never their message, held open until the end."""
     channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(10)]
+                for _ in range(connections)]
     release = threading.Event()
 
     def never():
@@ -456,24 +476,12 @@ def test_half_open_and_oversized_calls_do_not_delay_real_beats():
         yield b""
 
     try:
-        held = [channel.stream_unary("/parallax.Control/Beat").future(never())
-                for channel in channels for _ in range(10)]
-        time.sleep(1.0)
-        with pytest.raises(grpc.RpcError) as oversized:
-            channels[0].unary_unary("/parallax.Control/Beat")(b"x" * (MAX_MESSAGE_BYTES + 1),
-                                                              timeout=5)
-        assert oversized.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        real = grpc.insecure_channel(address).unary_unary("/parallax.Control/Beat")
-        started = time.monotonic()
-        answer = real(_beat(control, 1), timeout=5)
-        assert time.monotonic() - started < 0.5
-        assert json.loads(answer[32:]) == {"ok": True, "sequence": 1}
-        assert not any(call.done() for call in held)  # all still open
+        yield [channel.stream_unary("/parallax.Control/Beat").future(never())
+               for channel in channels for _ in range(each)]
     finally:
         release.set()
         for channel in channels:
             channel.close()
-        control.stop()
 
 
 def test_the_control_plane_and_rendezvous_listen_on_the_jobs_address_only():
@@ -537,20 +545,10 @@ def _fuzz(address, key, job, name, seconds=15.0):
     rng = random.Random(0)
     figures = collections.Counter()
     host, port = address.rsplit(":", 1)
-    channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(10)]
-    release = threading.Event()
-
-    def never():
-        release.wait()
-        yield b""
-
-    held = [channel.stream_unary("/parallax.Control/Beat").future(never())
-            for channel in channels for _ in range(10)]
-    figures["half-open calls held"] = len(held)
     call = grpc.insecure_channel(address).unary_unary("/parallax.Control/Beat")
     deadline = time.monotonic() + seconds
-    try:
+    with _half_open_calls(address) as held:
+        figures["half-open calls held"] = len(held)
         while time.monotonic() < deadline:
             kind = rng.choice(["bytes", "oversized", "tcp", "schema", "replay"])
             if kind == "bytes":
@@ -575,8 +573,22 @@ def _fuzz(address, key, job, name, seconds=15.0):
             except grpc.RpcError as error:
                 figures[f"calls failed ({error.code().name})"] += 1
             figures[f"calls: {kind}"] += 1
-    finally:
-        release.set()
-        for channel in channels:
-            channel.close()
     return dict(figures)
+
+
+@pytest.mark.job
+def test_the_link_probe_hangs_up_on_all_but_its_client():
+    server = subprocess.Popen([sys.executable, "-m", "runner.link_probe", "serve", "127.0.0.1",
+                               "192.0.2.1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as stranger:
+            stranger.sendall(b"p")
+            try:
+                assert stranger.recv(1) == b""  # hung up on, not answered
+            except ConnectionResetError:  # hung up on with the ping unread
+                pass
+        assert server.poll() is None  # still waiting for its client
+    finally:
+        server.kill()
+        server.wait()
