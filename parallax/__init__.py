@@ -13,8 +13,8 @@ from parallax import capture  # noqa: E402
 
 capture.install()
 
-from parallax.api import (get_runner, num_shards_and_shard_id, num_workers,  # noqa: E402
-                          shard)  # (after the capture hook)
+from parallax.api import (MonitoredTrainingSession, get_runner,  # noqa: E402
+                          num_shards_and_shard_id, num_workers, shard)  # (after the capture hook)
 from parallax.config import CheckpointConfig, Config, ProfileConfig, PSConfig  # noqa: E402
 from parallax.errors import ParallaxError  # noqa: E402
 from parallax.partitioner import get_partitioner  # noqa: E402
@@ -22,5 +22,5 @@ from parallax.runtime.session import install_chief_only_saves  # noqa: E402
 
 install_chief_only_saves()
 
-__all__ = ["get_runner", "shard", "num_workers", "num_shards_and_shard_id", "get_partitioner",
+__all__ = ["get_runner", "MonitoredTrainingSession", "shard", "num_workers", "num_shards_and_shard_id", "get_partitioner",
            "Config", "PSConfig", "CheckpointConfig", "ProfileConfig", "ParallaxError"]

@@ -9,6 +9,7 @@ from parallax import contracts, driver, worker
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
+from parallax.runtime import monitored
 
 
 def shard(dataset):
@@ -60,3 +61,27 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     if contracts.role() == "driver":
         driver.run(graph, analysis, resources, config)
     return worker.start(graph, analysis, config)
+
+
+def MonitoredTrainingSession(resources: str, config: Optional[Config] = None,  # noqa: N802
+                             **arguments):  # pylint: disable=invalid-name  (TensorFlow's name)
+    """tf.compat.v1.train.MonitoredTrainingSession on the default graph, trained by Parallax on
+    `resources`: TensorFlow's arguments (checkpoint_dir, scaffold, hooks, chief_only_hooks,
+    save_checkpoint_steps/secs, save_summaries_steps/secs, log_step_count_steps,
+    stop_grace_period_secs, summary_dir, save_graph_def) and hooks, as TensorFlow runs them;
+    chief-only hooks run on the chief; when a hook asks one worker to stop, every worker stops
+    after the same step. In the driver it launches the job and does not return, as get_runner."""
+    unknown = set(arguments) - monitored.ARGUMENTS
+    if unknown:
+        raise ParallaxError(
+            f"parallax.MonitoredTrainingSession got {sorted(unknown)}: it takes TensorFlow's "
+            f"arguments {sorted(monitored.ARGUMENTS)} (master, is_chief and config are "
+            "Parallax's to set: the job's resources and parallax.Config)")
+    config = config or Config()
+    graph = tf.compat.v1.get_default_graph()
+    analysis = analyze(graph)
+    if contracts.role() == "driver":
+        driver.run(graph, analysis, resources, config, needs_horovod=True)
+    runner = worker.start(graph, analysis, config, needs_horovod=True)
+    return monitored.monitored_session(runner, any_worker_stops=monitored.horovod_any(),
+                                       **arguments)

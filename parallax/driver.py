@@ -22,10 +22,13 @@ from parallax.planning.search import choose
 from parallax.rewriting.split_variables import copy_and_split
 
 
-def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config) -> NoReturn:
+def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config,
+        needs_horovod: bool = False) -> NoReturn:
+    """`needs_horovod`: the workers join Horovod whatever the plan (a monitored session agrees
+    on stopping through it)."""
     plans = make_job_plans(graph, analysis, resources, config)
     launch.run_driver(resources, config, bool(plans[0].cluster.servers),
-                      any(plan.uses_horovod for plan in plans),
+                      needs_horovod or any(plan.uses_horovod for plan in plans),
                       contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))

@@ -76,7 +76,8 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     return plans
 
 
-def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> ParallaxRunner:
+def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
+          needs_horovod: bool = False) -> ParallaxRunner:
     heartbeat = start_heartbeat()  # None unless a driver started this process
     if heartbeat is not None:
         _past_startup()
@@ -96,8 +97,9 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config) -> Para
             "the driver launched it for the graph of the script's first get_runner, which "
             "needed none. Give every graph of a script the same kinds of variables (sparse "
             "ones too), or use run_option='PS', which always starts servers")
-    if len(plans) > 1 or any(plan.uses_horovod for _, _, plan in plans):
-        # only jobs with replicas join Horovod, or that time plans (runtime/trials.py)
+    if needs_horovod or len(plans) > 1 or any(plan.uses_horovod for _, _, plan in plans):
+        # only jobs with replicas join Horovod, or that time plans (runtime/trials.py), or
+        # whose workers agree on stopping (runtime/monitored.py)
         from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
 
         machine_allreduce.init_horovod(cluster)

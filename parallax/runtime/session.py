@@ -16,6 +16,7 @@ import tensorflow as tf
 from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.graph_map import GraphMap
+from parallax.runtime import fetches as fetches_structure
 from parallax.runtime.steps import Steps
 
 log = logging.getLogger("parallax")
@@ -113,7 +114,8 @@ class ParallaxRunner(tf_private.SessionInterface):
             # Saver.save(runner, path): the chief writes the checkpoint; the others would write
             # the same files at once.
             return list(feed_dict.values())[0] if feed_dict else None
-        mapped = tf.nest.map_structure(self._map_fetch, fetches)
+        leaves, build = fetches_structure.flatten(fetches)
+        mapped = [self._map_fetch(leaf) for leaf in leaves]
         reported = {name: self._map_fetch(value) for name, value in (report or {}).items()}
         feeds = None if feed_dict is None else {
             self._graphs.find(self._element(key, "feed key")): value
@@ -126,12 +128,13 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._busy, training, restore, scalars = True, False, False, {}
         try:
             started = time.perf_counter()
-            (result, values), training, restore = self._steps.run(
+            (values, scalar_values), training, restore = self._steps.run(
                 self.session, (mapped, reported), feeds, options, run_metadata)
+            result = build(values)
             self.last_run = (training, time.perf_counter() - started)
             if traced:
                 self._profiler.write(run_metadata, self.last_run[1])
-            scalars = _scalars(values)
+            scalars = _scalars(scalar_values)
             if self._checkpointer is not None:
                 self._checkpointer.after_run(self.session)
         finally:
