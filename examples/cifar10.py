@@ -5,18 +5,22 @@ cifar10_train.py), ported to Parallax as a user would, on synthetic CIFAR-like i
 
 What the port changed, each marked "Parallax:" below:
   - `import parallax` before building the graph; the dataset is `parallax.shard`ed;
-  - the session is `parallax.get_runner(graph, resources)`, which initializes the variables
-    (the tutorial's initializer run would be skipped with a warning, so it is gone);
+  - the tutorial's tf.compat.v1.train.MonitoredTrainingSession is
+    parallax.MonitoredTrainingSession(resources, ...): the loop, its hooks (StopAtStepHook,
+    NanTensorHook, the logging hook) and checkpoint_dir stay as the tutorial wrote them, and
+    the session's ConfigProto is Parallax's to set;
   - constants that count steps are in steps of the combined batch: with N workers an epoch has
     N times fewer steps, so decay_steps divides by the number of workers;
   - the queue-based input (tf.train.shuffle_batch) became tf.data.
 What it kept: weight decay in the 'losses' collection, moving averages of the losses that the
 gradients wait for, gradient histograms, the decaying learning rate, moving averages of the
-variables after each update, summaries written by the chief.
+variables after each update, summaries and checkpoints written by the chief (the monitored
+session's hooks, to CIFAR10_TRAIN_DIR or a temporary folder).
 """
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +32,7 @@ MAX_STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 100
 BATCH_SIZE, IMAGE_SIZE, NUM_CLASSES = 32, 16, 10
 NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 5000
 MOVING_AVERAGE_DECAY, NUM_EPOCHS_PER_DECAY = 0.9999, 350.0
+LOG_FREQUENCY = 10
 LEARNING_RATE_DECAY_FACTOR, INITIAL_LEARNING_RATE = 0.1, 0.1
 
 
@@ -152,23 +157,35 @@ def main():
         images, labels = distorted_inputs()
         total_loss = loss(inference(images), labels)
         train_op = train(total_loss, global_step, num_workers)
-        summary_op = tf.compat.v1.summary.merge_all()
 
-    runner = parallax.get_runner(graph, RESOURCES)  # Parallax: instead of a Session
-    writer = None
-    if runner.is_chief:
-        log_dir = os.environ.get("CIFAR10_TRAIN_DIR") or tempfile.mkdtemp(prefix="cifar10_train")
-        writer = tf.compat.v1.summary.FileWriter(log_dir)
-    for step in range(1, MAX_STEPS + 1):
-        if runner.is_chief and step % 10 == 0:  # the tutorial's summary hook
-            _, loss_value, summary = runner.run([train_op, total_loss, summary_op])
-            writer.add_summary(summary, step)
-        else:
-            _, loss_value = runner.run([train_op, total_loss])
-        if runner.is_chief and (step == 1 or step % 10 == 0):
-            print(f"step {step:4d}  loss {loss_value:.4f}", flush=True)
-    if writer is not None:
-        writer.close()
+    class _LoggerHook(tf.compat.v1.train.SessionRunHook):
+        """Logs loss and runtime (the tutorial's)."""
+
+        def begin(self):
+            self._step = 0
+            self._start_time = time.time()
+
+        def before_run(self, run_context):
+            self._step += 1
+            return tf.compat.v1.train.SessionRunArgs(total_loss)  # asks for the loss value
+
+        def after_run(self, run_context, run_values):
+            if self._step == 1 or self._step % LOG_FREQUENCY == 0:
+                seconds = (time.time() - self._start_time) / max(self._step, 1)
+                print(f"step {self._step:4d}  loss {run_values.results:.4f}  "
+                      f"({seconds:.3f} sec/batch)", flush=True)
+
+    train_dir = os.environ.get("CIFAR10_TRAIN_DIR") or tempfile.mkdtemp(prefix="cifar10_train")
+    with graph.as_default():
+        # Parallax: parallax.MonitoredTrainingSession(RESOURCES, ...) instead of
+        # tf.compat.v1.train.MonitoredTrainingSession(..., config=ConfigProto(...)).
+        with parallax.MonitoredTrainingSession(
+                RESOURCES, checkpoint_dir=train_dir,
+                hooks=[tf.compat.v1.train.StopAtStepHook(last_step=MAX_STEPS),
+                       tf.compat.v1.train.NanTensorHook(total_loss),
+                       _LoggerHook()]) as mon_sess:
+            while not mon_sess.should_stop():
+                mon_sess.run(train_op)
 
 
 if __name__ == "__main__":
