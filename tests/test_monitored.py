@@ -16,7 +16,9 @@ SCRIPT = os.path.join(WORKLOADS, "monitored.py")
 
 
 def _job(out, run_option, mode, *more):
-    done = run_job(SCRIPT, "localhost:0,1", str(out), run_option, mode, *more)
+    # A hang would be named by the driver (the stall timeout) before the test's timeout.
+    done = run_job(SCRIPT, "localhost:0,1", str(out), run_option, mode, *more,
+                   env={"PARALLAX_TEST_STALL_SECS": "60"})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return [json.load(open(os.path.join(out, f"worker_{i}.json"))) for i in (0, 1)]
 
