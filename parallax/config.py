@@ -101,8 +101,9 @@ class Config:
         otherwise free ports are picked on each host.
     ckpt_config: checkpoints (CheckpointConfig).
     sync_batch_norm: batch statistics (tf.nn.moments over the batch axis, Keras's
-        BatchNormalization) of the combined batch of all workers, forward and backward, so a
-        batch-norm model trains as on one device; off, each worker normalizes its own batch.
+        BatchNormalization, fused batch norm kernels in training mode) of the combined batch of
+        all workers, forward and backward, so a batch-norm model trains as on one device; off,
+        each worker normalizes its own batch.
     heartbeat_timeout_secs: every process the driver starts beats to it every few seconds; one
         silent this long (stopped, hung, cut off) stops the job, named. A process that hears
         nothing from the driver this long stops itself.

@@ -389,8 +389,9 @@ class ControlServer:
 class Heartbeat:
     """The process's side: a daemon thread that beats every few seconds with the progress the
     process records, and stops this process when the driver has not answered for the timeout
-    (or says this process is not part of its job); and a watchdog process that kills it when
-    it has not stopped GRACE_SECONDS later (runner/watchdog.py)."""
+    (an answer is the driver's only when signed with the job's key, for that beat); and a
+    watchdog process that kills it when it has not stopped GRACE_SECONDS later
+    (runner/watchdog.py)."""
 
     def __init__(self, address: str, job: str, name: str, timeout: float, key: bytes):
         self._request = {"job": job, "name": name}
@@ -500,9 +501,6 @@ class Heartbeat:
                 reply = None
             if reply is None:
                 self._give_back(progress)
-            elif not reply.get("ok"):
-                self._stop_process(f"the driver says: {reply.get('reason')}")
-                return
             else:
                 answered = time.monotonic()
                 self._refusal = None

@@ -105,6 +105,18 @@ def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
 
 
 @pytest.mark.job
+@pytest.mark.parametrize("shape,run_option", [("fused_batchnorm", "AR"),
+                                              ("fused_batchnorm", "HYBRID"),
+                                              ("fused_batchnorm_nchw", "PS")])
+def test_sync_batch_norm_of_a_fused_kernel_trains_as_on_one_device(tmp_path, shape, run_option):
+    """A fused batch norm (one kernel, as tf.compat.v1.layers and tf_keras build it), NHWC and
+    NCHW: rewritten over the combined batch, forward and backward, its moving statistics
+    (Bessel-corrected variance) too, equal to one device's."""
+    _train(tmp_path, shape, run_option, "--sync-batch-norm")
+    _assert_single_device(tmp_path, shape)
+
+
+@pytest.mark.job
 def test_ps_steps_never_mix_with_one_worker_delayed(tmp_path, monkeypatch):
     """Alternating train ops, local aggregation, and a worker that sleeps at random before
     half of its runs: no interleaving mixes two steps or deadlocks."""
@@ -246,16 +258,6 @@ def test_a_learning_rate_placeholder_without_shape_is_refused_saying_how_to_shap
         tf.compat.v1.train.MomentumOptimizer(rate, 0.9).minimize(loss)
     _assert_refused(build, r"'w/Momentum'.*If 'learning_rate' is a setting every worker feeds "
                            r"alike \(a learning rate\), give it its scalar shape")
-
-
-def test_fused_batch_norm_is_refused_with_sync_batch_norm():
-    def build(x):
-        w, _ = _dense(x)
-        image = tf.reshape(tf.matmul(x, w), [4, 1, 1, 1])
-        normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(image, [1.0], [0.0],
-                                                            is_training=True)
-        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(normalized))
-    _assert_refused(build, "fused batch norm", parallax.Config(sync_batch_norm=True))
 
 
 @pytest.mark.job

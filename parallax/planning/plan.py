@@ -77,8 +77,10 @@ class Plan:
     server_writes: List[str]  # ops updating server-resident state: once per step, by the chief
     ps_config: PSConfig  # which optimizations of the parameter-server path are on
     uses_horovod: bool  # replicas exist: dense gradients, or state to average or broadcast
-    # With Config.sync_batch_norm: the (mean, variance) ops of the batch moments to combine.
+    # With Config.sync_batch_norm: the (mean, variance) ops of the batch moments to combine,
+    # and the fused batch norms in training mode.
     batch_moments: List[Tuple[str, str]]
+    fused_batch_norms: List[str]
     averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
     run_index: int = 0  # which get_runner call of the process this plan is for
     decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
@@ -94,7 +96,7 @@ class Plan:
 
     @property
     def sync_batch_norm(self) -> bool:
-        return bool(self.batch_moments)
+        return bool(self.batch_moments or self.fused_batch_norms)
 
     @property
     def num_workers(self) -> int:
@@ -175,6 +177,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
                 config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
                 analysis.batch_moments if config.sync_batch_norm else [],
+                analysis.fused_batch_norms if config.sync_batch_norm else [],
                 analysis.averaged_writes, run_index, decision, not config.sync,
                 _machine_stages(config, cluster, variables, decision))
 
@@ -191,12 +194,6 @@ def _methods(analysis: GraphAnalysis, config: Config, decision: Optional[Decisio
     """The effective run option, and each variable's method (its server, if the decision
     chose it)."""
     run_option = effective_run_option(config.run_option, analysis, decision)
-    if config.sync_batch_norm and analysis.fused_batch_norms:
-        raise ParallaxError(
-            f"sync_batch_norm: {analysis.fused_batch_norms[0]!r} is a fused batch norm, whose "
-            "statistics are computed inside one kernel and cannot be combined across workers; "
-            "build it unfused (tf.nn.moments and tf.nn.batch_normalization, or Keras's "
-            "BatchNormalization), or leave sync_batch_norm off")
     variables = {}
     for info in analysis.variables.values():
         average = config.average_sparse if info.is_sparse else config.average_dense
@@ -367,7 +364,8 @@ def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool
     """Whether the job's workers join Horovod: for dense gradients, batch statistics to combine,
     and in PS mode for the variables that stay replicated (per-worker state to average,
     replicas to broadcast)."""
-    if run_option != "PS" or (sync_batch_norm and analysis.batch_moments):
+    if run_option != "PS" or (sync_batch_norm and (analysis.batch_moments
+                                                   or analysis.fused_batch_norms)):
         return True
     if analysis.averaged_writes:  # of global or local variables (a metric's)
         return True

@@ -453,7 +453,44 @@ SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": s
           "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm,
           "rnn_loop": rnn_loop}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
-PER_WORKER_SHAPES = {"batchnorm": batchnorm}
+def fused_batchnorm(data_format="NHWC"):
+    """Batch normalization as tf.compat.v1.layers and tf_keras build it on 4-D inputs: one
+    fused kernel (FusedBatchNormV3, training mode), its batch mean and Bessel-corrected variance
+    taken by moving averages in UPDATE_OPS; `data_format` NCHW puts the channels first."""
+    inputs = _inputs()
+    image = tf.reshape(tf.tile(inputs["x"], [1, FEATURES]), [-1, FEATURES, FEATURES, 1])
+    kernel = tf.compat.v1.get_variable("conv", [3, 3, 1, 4], initializer=_initial([3, 3, 1, 4], 4))
+    conv = tf.nn.conv2d(image, kernel, 1, "SAME")
+    if data_format == "NCHW":
+        conv = tf.transpose(conv, [0, 3, 1, 2])
+    scale = tf.compat.v1.get_variable("gamma", [4], initializer=tf.compat.v1.ones_initializer())
+    offset = tf.compat.v1.get_variable("beta", [4], initializer=tf.compat.v1.zeros_initializer())
+    moving_mean = tf.compat.v1.get_variable("moving_mean", [4], trainable=False,
+                                            initializer=tf.compat.v1.zeros_initializer())
+    moving_variance = tf.compat.v1.get_variable("moving_variance", [4], trainable=False,
+                                                initializer=tf.compat.v1.ones_initializer())
+    normalized, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+        conv, scale, offset, epsilon=1e-3, data_format=data_format, is_training=True)
+    for update in (moving_averages.assign_moving_average(moving_mean, mean, 0.9),
+                   moving_averages.assign_moving_average(moving_variance, variance, 0.9)):
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
+    logits = tf.matmul(tf.reshape(tf.tanh(normalized), [-1, FEATURES * FEATURES * 4]),
+                       tf.compat.v1.get_variable(
+                           "w2", [FEATURES * FEATURES * 4, CLASSES],
+                           initializer=_initial([FEATURES * FEATURES * 4, CLASSES], 3)))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+        train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
+            _cross_entropy(inputs, logits), global_step=global_step)
+    step_after = _read_after(train_op, global_step)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
+PER_WORKER_SHAPES = {"batchnorm": batchnorm, "fused_batchnorm": fused_batchnorm,
+                     "fused_batchnorm_nchw": lambda: fused_batchnorm("NCHW")}
 
 
 def _build(shape):

@@ -8,8 +8,19 @@ statistics; the gradient flowing into each statistic (recorded at autodiff, capt
 its mean over workers. A worker's examples reach every worker's loss through the shared
 statistics, and that mean is the chain rule over all of them (each worker's loss being its share
 of the combined one, whose gradients Parallax averages).
+
+A fused batch norm (FusedBatchNorm*, training mode: tf.compat.v1.layers' and tf_keras's on 4-D
+inputs) computes its statistics inside one kernel: its outputs and its gradient op's are
+replaced by the same computation written out, over the combined batch. Forward: y, and the
+batch mean and variance the moving averages take (Bessel's correction on the combined count,
+and the kernel's exponential_avg_factor). Backward, for N examples in all and x^ the normalized
+input: dx = scale / std * (dy - sum(dy) / N - x^ * sum(dy * x^) / N), the sums over every
+worker (each worker's dy being its share of the combined loss's, times the number of workers);
+the gradients of scale and offset are this worker's sums, which Parallax averages.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -31,6 +42,10 @@ def synchronize_batch_statistics(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 _combine_batches(statistic)
                 if name in incoming:
                     _average_over_workers(graph.get_tensor_by_name(incoming[name]))
+        gradients = {op.inputs[3].op.name: op for op in graph.get_operations()
+                     if op.type.startswith("FusedBatchNormGrad")}
+        for name in plan.fused_batch_norms:
+            _combine_fused(graph.get_operation_by_name(name), gradients.get(name))
     return graph
 
 
@@ -51,3 +66,46 @@ def _average_over_workers(gradient: tf.Tensor) -> None:
     with tf.device(gradient.op.device):
         averaged = hvd.allreduce(gradient, op=hvd.Average)
     reroute(gradient, averaged, consumers)
+
+
+def _combine_fused(op: tf.Operation, gradient: Optional[tf.Operation]) -> None:
+    """`op`, a fused batch norm in training mode, and its gradient op, over the combined
+    batch (see above)."""
+    x, scale, offset = op.inputs[:3]
+    channels_first = op.get_attr("data_format") in (b"NCHW", "NCHW")
+    axes = [0, 2, 3] if channels_first else [0, 1, 2]
+    shape = [1, -1, 1, 1] if channels_first else [1, 1, 1, -1]
+
+    def per_channel(vector):
+        return tf.reshape(vector, shape)
+
+    with tf.device(op.device):
+        inputs = tf.cast(x, scale.dtype)  # a half-precision input has float32 statistics
+        count = hvd.allreduce(tf.cast(tf.size(inputs) // tf.size(scale), scale.dtype),
+                              op=hvd.Sum)
+        mean = hvd.allreduce(tf.reduce_sum(inputs, axes), op=hvd.Sum) / count
+        centered = inputs - per_channel(mean)
+        variance = hvd.allreduce(tf.reduce_sum(tf.square(centered), axes), op=hvd.Sum) / count
+        inverse_std = tf.math.rsqrt(variance + op.get_attr("epsilon"))
+        normalized = centered * per_channel(inverse_std)
+        outputs = [tf.cast(normalized * per_channel(scale) + per_channel(offset), x.dtype),
+                   mean, variance * count / tf.maximum(count - 1, 1)]
+        factor = op.get_attr("exponential_avg_factor") if "exponential_avg_factor" in \
+            op.node_def.attr else 1.0
+        if factor != 1.0:  # the kernel's own moving average of its running statistics
+            outputs[1:] = [(1 - factor) * running + factor * batch
+                           for running, batch in zip(op.inputs[3:5], outputs[1:])]
+    for old, new in zip(op.outputs, outputs):
+        reroute(old, new, list(old.consumers()))
+    if gradient is None:
+        return
+    with tf.device(gradient.device):
+        dy = tf.cast(gradient.inputs[0], scale.dtype)
+        dy_sum = tf.reduce_sum(dy, axes)
+        dy_normalized_sum = tf.reduce_sum(dy * normalized, axes)
+        dx = per_channel(scale * inverse_std) * (
+            dy - per_channel(hvd.allreduce(dy_sum, op=hvd.Sum)) / count
+            - normalized * per_channel(hvd.allreduce(dy_normalized_sum, op=hvd.Sum)) / count)
+        gradients = [tf.cast(dx, x.dtype), dy_normalized_sum, dy_sum]
+    for old, new in zip(gradient.outputs, gradients):
+        reroute(old, new, list(old.consumers()))
