@@ -102,8 +102,9 @@ class Config:
     ckpt_config: checkpoints (CheckpointConfig).
     sync_batch_norm: batch statistics (tf.nn.moments over the batch axis, Keras's
         BatchNormalization, fused batch norm kernels in training mode) of the combined batch of
-        all workers, forward and backward, so a batch-norm model trains as on one device; off,
-        each worker normalizes its own batch.
+        all workers, forward and backward, so a batch-norm model trains as on one device. None
+        (the default): wherever the graph has them; False: each worker normalizes its own
+        batch (the driver warns, naming the ops).
     heartbeat_timeout_secs: every process the driver starts beats to it every few seconds; one
         silent this long (stopped, hung, cut off) stops the job, named. A process that hears
         nothing from the driver this long stops itself.
@@ -157,7 +158,7 @@ class Config:
     ssh: Optional[SSHConfig] = None
     base_port: Optional[int] = None
     ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-    sync_batch_norm: bool = False
+    sync_batch_norm: Optional[bool] = None
     heartbeat_timeout_secs: float = 30.0
     stall_timeout_secs: float = 300.0
     max_restarts: int = 0

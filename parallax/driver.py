@@ -27,6 +27,14 @@ def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
     """`needs_horovod`: the workers join Horovod whatever the plan (a monitored session agrees
     on stopping through it)."""
     plans = make_job_plans(graph, analysis, resources, config)
+    unsynchronized = plans[0].unsynchronized_batch_norms
+    if unsynchronized:
+        launch.say(
+            f"warning: sync_batch_norm=False: {len(unsynchronized)} batch norm(s) "
+            f"({', '.join(map(repr, unsynchronized[:3]))}{', ...' if len(unsynchronized) > 3 else ''}) "
+            f"normalize each worker's own batch, 1/{plans[0].num_workers} of the combined one, so "
+            "the model does not train as on one device; leave sync_batch_norm unset to combine "
+            "their statistics")
     launch.run_driver(resources, config, bool(plans[0].cluster.servers),
                       needs_horovod or any(plan.uses_horovod for plan in plans),
                       contracts.plan_env([plan.to_text() for plan in plans],

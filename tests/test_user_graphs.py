@@ -83,9 +83,15 @@ def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_
 @pytest.mark.job
 @pytest.mark.parametrize("run_option", ["AR", "PS"])
 def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
-    """Without sync_batch_norm each worker normalizes its own batch; the moving statistics are
-    averaged over workers so that the replicas stay identical."""
-    _train(tmp_path, "batchnorm", run_option)
+    """With sync_batch_norm=False each worker normalizes its own batch, the driver warns and
+    the plan says so; the moving statistics are averaged over workers so that the replicas
+    stay identical."""
+    result = _train(tmp_path, "batchnorm", run_option, "--own-batch-norm")
+    warnings = [line for line in result.stderr.splitlines() if "sync_batch_norm=False" in line]
+    assert len(warnings) == 1 and "1 batch norm(s) ('moments/mean') normalize each worker's " \
+        "own batch, 1/4 of the combined one" in warnings[0], result.stderr[-3000:]
+    assert ("batch norm: statistics of each worker's own batch, not one device's "
+            "(sync_batch_norm=False): moments/mean") in result.stdout
     saved = [np.load(tmp_path / f"worker{worker}.npz") for worker in range(WORKERS)]
     assert "var/moving_mean" in saved[0].files
     for name in saved[0].files:
@@ -96,12 +102,16 @@ def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
-def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
-    """With sync_batch_norm the batch statistics, forward and backward, are the combined
-    batch's: the batch-norm CNN (moving statistics too) equals one device's."""
-    _train(tmp_path, "batchnorm", run_option, "--sync-batch-norm")
+@pytest.mark.parametrize("run_option,flags", [("AR", ["--sync-batch-norm"]),
+                                              ("PS", ["--sync-batch-norm"]), ("HYBRID", [])])
+def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option, flags):
+    """With sync_batch_norm (on by default) the batch statistics, forward and backward, are the
+    combined batch's: the batch-norm CNN (moving statistics too) equals one device's."""
+    result = _train(tmp_path, "batchnorm", run_option, *flags)
     _assert_single_device(tmp_path, "batchnorm")
+    assert ("batch norm: statistics of the combined batch, as on one device (sync_batch_norm): "
+            "moments/mean") in result.stdout
+    assert "sync_batch_norm=False" not in result.stderr
 
 
 @pytest.mark.job

@@ -55,6 +55,13 @@ def describe(plan: Plan) -> str:
                                                  if plan.with_sync(Sync.ALLREDUCE) else ""))
     if plan.decision is not None:
         header += f"\n{'AUTO' if auto else 'servers and shards'}: {plan.decision.note}"
+    synchronized = [mean for mean, _ in plan.batch_moments] + plan.fused_batch_norms
+    if synchronized:
+        header += ("\nbatch norm: statistics of the combined batch, as on one device "
+                   f"(sync_batch_norm): {', '.join(synchronized)}")
+    elif plan.unsynchronized_batch_norms:
+        header += ("\nbatch norm: statistics of each worker's own batch, not one device's "
+                   f"(sync_batch_norm=False): {', '.join(plan.unsynchronized_batch_norms)}")
     return "\n".join([header] + lines)
 
 

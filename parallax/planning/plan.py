@@ -81,6 +81,8 @@ class Plan:
     # and the fused batch norms in training mode.
     batch_moments: List[Tuple[str, str]]
     fused_batch_norms: List[str]
+    # With sync_batch_norm=False: the batch norms found, each normalizing a worker's own batch.
+    unsynchronized_batch_norms: List[str]
     averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
     run_index: int = 0  # which get_runner call of the process this plan is for
     decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
@@ -174,10 +176,12 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     _partition_by_bytes([p for p in variables.values() if p.sync is Sync.PS
                          and p.server is None], len(cluster.servers))
     extra_state_servers, server_writes = _check(analysis, config, run_option, variables)
+    sync = config.sync_batch_norm is not False  # None: wherever batch statistics are found
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                config.ps_config, uses_horovod(run_option, analysis, config.sync_batch_norm),
-                analysis.batch_moments if config.sync_batch_norm else [],
-                analysis.fused_batch_norms if config.sync_batch_norm else [],
+                config.ps_config, uses_horovod(run_option, analysis, sync),
+                analysis.batch_moments if sync else [],
+                analysis.fused_batch_norms if sync else [],
+                [] if sync else batch_norms(analysis),
                 analysis.averaged_writes, run_index, decision, not config.sync,
                 _machine_stages(config, cluster, variables, decision))
 
@@ -358,6 +362,12 @@ def _place_extra_state(analysis, variables, run_option) -> Dict[str, int]:
         elif owner is None and run_option == "PS" and state.after_gradients:
             servers[state.name] = 0
     return servers
+
+
+def batch_norms(analysis: GraphAnalysis) -> List[str]:
+    """The batch norms of the graph in training mode, by the op computing their statistics:
+    the mean of each tf.nn.moments over the batch, and each fused kernel."""
+    return [mean for mean, _ in analysis.batch_moments] + list(analysis.fused_batch_norms)
 
 
 def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool) -> bool:

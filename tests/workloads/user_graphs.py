@@ -538,7 +538,10 @@ def main():
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--sync-batch-norm", action="store_true")
+    batch_norm = parser.add_mutually_exclusive_group()  # neither: Config's default
+    batch_norm.add_argument("--sync-batch-norm", action="store_const", const=True)
+    batch_norm.add_argument("--own-batch-norm", action="store_const", const=False,
+                            dest="sync_batch_norm", help="sync_batch_norm=False")
     parser.add_argument("--split-variables", action="store_true",
                         help="Config(split_variables=True): embeddings over every server")
     parser.add_argument("--delay", type=float, default=0.0,

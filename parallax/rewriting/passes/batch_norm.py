@@ -1,6 +1,7 @@
-"""Synchronized batch normalization (Config(sync_batch_norm=True)): the statistics of a batch —
-tf.nn.moments over the batch axis, as TF1 code and Keras's BatchNormalization compute them — are
-those of the combined batch of every worker, so a batch-norm model trains as on one device.
+"""Synchronized batch normalization (Config.sync_batch_norm, on unless False): the statistics of
+a batch — tf.nn.moments over the batch axis, as TF1 code and Keras's BatchNormalization compute
+them — are those of the combined batch of every worker, so a batch-norm model trains as on one
+device.
 
 Forward: the mean, then the variance around that mean, are allreduced sums over the allreduced
 count of examples. Backward: autodiff differentiated each worker's loss through its own
