@@ -115,15 +115,28 @@ def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option, flags):
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("shape,run_option", [("fused_batchnorm", "AR"),
-                                              ("fused_batchnorm", "HYBRID"),
-                                              ("fused_batchnorm_nchw", "PS")])
-def test_sync_batch_norm_of_a_fused_kernel_trains_as_on_one_device(tmp_path, shape, run_option):
+@pytest.mark.parametrize("shape,run_option,flags", [
+    ("fused_batchnorm", "AR", ["--sync-batch-norm"]), ("fused_batchnorm", "HYBRID", []),
+    ("fused_batchnorm_nchw", "PS", ["--sync-batch-norm"])])
+def test_sync_batch_norm_of_a_fused_kernel_trains_as_on_one_device(tmp_path, shape, run_option,
+                                                                   flags):
     """A fused batch norm (one kernel, as tf.compat.v1.layers and tf_keras build it), NHWC and
-    NCHW: rewritten over the combined batch, forward and backward, its moving statistics
-    (Bessel-corrected variance) too, equal to one device's."""
-    _train(tmp_path, shape, run_option, "--sync-batch-norm")
+    NCHW, with sync_batch_norm or by default: rewritten over the combined batch, forward and
+    backward, its moving statistics (Bessel-corrected variance) too, equal to one device's."""
+    _train(tmp_path, shape, run_option, *flags)
     _assert_single_device(tmp_path, shape)
+
+
+@pytest.mark.job
+@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
+def test_the_cifar10_tutorial_through_a_monitored_session_trains_as_on_one_device(
+        tmp_path, run_option):
+    """The tutorial's graph and loop through parallax.MonitoredTrainingSession, with the
+    chief's checkpoint and summary savers and step counter, a NanTensorHook and a
+    LoggingTensorHook: every variable as one device's."""
+    _train(tmp_path, "cifar10", run_option, "--monitored")
+    _assert_single_device(tmp_path, "cifar10")
+    assert (tmp_path / "train" / "checkpoint").exists()
 
 
 @pytest.mark.job

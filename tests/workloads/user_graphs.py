@@ -548,20 +548,68 @@ def main():
                         help="the last worker sleeps up to this long before half of its runs")
     parser.add_argument("--chief-restores", action="store_true",
                         help="the restore shape restores in the chief only")
+    parser.add_argument("--monitored", action="store_true",
+                        help="the loop through parallax.MonitoredTrainingSession and hooks "
+                             "(shapes with a global step)")
     args = parser.parse_args()
     global RESTORE_IN_CHIEF_ONLY
     RESTORE_IN_CHIEF_ONLY = args.chief_restores
     tf.compat.v1.disable_eager_execution()
     graph, inputs, loop = _build(args.shape)
-    runner = parallax.get_runner(graph, args.resources, parallax.Config(
-        run_option=args.run_option, sync_batch_norm=args.sync_batch_norm,
-        split_variables=True if args.split_variables else None))
-    feed = _feeder(inputs, runner.num_workers, runner.worker_id, delay=args.delay)
-    fetched = loop(runner.run, feed, runner.is_chief)
-    values = _variables(graph, runner.run)
-    np.savez(os.path.join(args.out, f"worker{runner.worker_id}.npz"), fetched=np.array(fetched),
+    config = parallax.Config(run_option=args.run_option, sync_batch_norm=args.sync_batch_norm,
+                             split_variables=True if args.split_variables else None)
+    if args.monitored:
+        worker, fetched, values = _train_monitored(graph, inputs, loop, args, config)
+    else:
+        runner = parallax.get_runner(graph, args.resources, config)
+        feed = _feeder(inputs, runner.num_workers, runner.worker_id, delay=args.delay)
+        fetched = loop(runner.run, feed, runner.is_chief)
+        values = _variables(graph, runner.run)
+        worker = runner.worker_id
+        runner.close()
+    np.savez(os.path.join(args.out, f"worker{worker}.npz"), fetched=np.array(fetched),
              **{f"var/{name}": value for name, value in values.items()})
-    runner.close()
+
+
+def _train_monitored(graph, inputs, loop, args, config):
+    """The shape's loop through parallax.MonitoredTrainingSession with TensorFlow's hooks: the
+    chief's checkpoint and summary savers and step counter, a NanTensorHook and a
+    LoggingTensorHook everywhere. (worker id, fetched, variables)."""
+    with graph.as_default():
+        shard = _Shard()
+        watched = tf.reduce_sum(tf.compat.v1.trainable_variables()[0])
+        hooks = [tf.compat.v1.train.NanTensorHook(watched),
+                 tf.compat.v1.train.LoggingTensorHook({"watched": watched}, every_n_iter=5),
+                 shard]
+        with parallax.MonitoredTrainingSession(
+                args.resources, config, checkpoint_dir=os.path.join(args.out, "train"),
+                save_checkpoint_steps=4, save_summaries_steps=3, log_step_count_steps=5,
+                hooks=hooks) as session:
+            # A monitored session initializes: its scripts run no initializer (the chief's
+            # first run, with its first summary, is a training step).
+            def run(fetches, *feeds):
+                initializer = isinstance(fetches, tf.Operation) and fetches.name == "init"
+                return None if initializer else session.run(fetches, *feeds)
+
+            fetched = loop(run, _feeder(inputs, *shard.values, delay=args.delay),
+                           shard.values[1] == 0)
+    return shard.values[1], fetched, shard.variables
+
+
+class _Shard(tf.compat.v1.train.SessionRunHook):
+    """(workers, this worker's id), read as the session is created, and the variables at the
+    end: runs of the monitored session would run the hooks too (the chief's summaries, which
+    need the input fed)."""
+
+    def __init__(self):
+        self._tensors = parallax.num_shards_and_shard_id()
+        self.values = self.variables = None
+
+    def after_create_session(self, session, coord):
+        self.values = tuple(int(value) for value in session.run(self._tensors))
+
+    def end(self, session):
+        self.variables = _variables(session.graph, session.run)
 
 
 if __name__ == "__main__":
