@@ -376,33 +376,54 @@ def batchnorm():
     UPDATE_OPS, the train op made to wait for them, as TF1 code does; an embedding beside it.
     Each worker normalizes its own batch unless sync_batch_norm: without it the workers agree
     with each other, not with one device."""
+    def normalize(conv, scale, offset):
+        mean, variance = tf.nn.moments(conv, axes=[0, 1, 2])
+        return (tf.nn.batch_normalization(conv, mean, variance, offset, scale, 1e-3), mean,
+                variance)
+    return _batch_norm_cnn(normalize, with_embedding=True)
+
+
+def fused_batchnorm(data_format="NHWC"):
+    """Batch normalization as tf.compat.v1.layers and tf_keras build it on 4-D inputs: one
+    fused kernel (FusedBatchNormV3, training mode), its batch mean and Bessel-corrected variance
+    taken by moving averages in UPDATE_OPS; `data_format` NCHW puts the channels first."""
+    def normalize(conv, scale, offset):
+        if data_format == "NCHW":
+            conv = tf.transpose(conv, [0, 3, 1, 2])
+        return tf.compat.v1.nn.fused_batch_norm(conv, scale, offset, epsilon=1e-3,
+                                                data_format=data_format, is_training=True)
+    return _batch_norm_cnn(normalize, with_embedding=False)
+
+
+def _batch_norm_cnn(normalize, with_embedding: bool):
+    """A convolution, `normalize`d ((conv, scale, offset) -> (output, batch mean, batch
+    variance)) with moving averages in UPDATE_OPS, and a dense layer (beside an embedding)."""
     inputs = _inputs()
     image = tf.reshape(tf.tile(inputs["x"], [1, FEATURES]), [-1, FEATURES, FEATURES, 1])
     kernel = tf.compat.v1.get_variable("conv", [3, 3, 1, 4], initializer=_initial([3, 3, 1, 4], 4))
     conv = tf.nn.conv2d(image, kernel, 1, "SAME")
-    mean, variance = tf.nn.moments(conv, axes=[0, 1, 2])
     scale = tf.compat.v1.get_variable("gamma", [4], initializer=tf.compat.v1.ones_initializer())
     offset = tf.compat.v1.get_variable("beta", [4], initializer=tf.compat.v1.zeros_initializer())
     moving_mean = tf.compat.v1.get_variable("moving_mean", [4], trainable=False,
                                             initializer=tf.compat.v1.zeros_initializer())
     moving_variance = tf.compat.v1.get_variable("moving_variance", [4], trainable=False,
                                                 initializer=tf.compat.v1.ones_initializer())
+    normalized, mean, variance = normalize(conv, scale, offset)
     for update in (moving_averages.assign_moving_average(moving_mean, mean, 0.9),
                    moving_averages.assign_moving_average(moving_variance, variance, 0.9)):
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
-    normalized = tf.nn.batch_normalization(conv, mean, variance, offset, scale, 1e-3)
-    embedding = tf.compat.v1.get_variable("emb", [VOCAB, EMBED],
-                                          initializer=_initial([VOCAB, EMBED], 1))
-    features = tf.concat([tf.reshape(tf.tanh(normalized), [-1, FEATURES * FEATURES * 4]),
-                          tf.reduce_mean(tf.nn.embedding_lookup(embedding, inputs["ids"]), 1)], 1)
-    logits = tf.matmul(features, tf.compat.v1.get_variable(
-        "w2", [FEATURES * FEATURES * 4 + EMBED, CLASSES],
-        initializer=_initial([FEATURES * FEATURES * 4 + EMBED, CLASSES], 3)))
+    features = [tf.reshape(tf.tanh(normalized), [-1, FEATURES * FEATURES * 4])]
+    if with_embedding:
+        embedding = tf.compat.v1.get_variable("emb", [VOCAB, EMBED],
+                                              initializer=_initial([VOCAB, EMBED], 1))
+        features.append(tf.reduce_mean(tf.nn.embedding_lookup(embedding, inputs["ids"]), 1))
+    width = FEATURES * FEATURES * 4 + (EMBED if with_embedding else 0)
+    logits = tf.matmul(tf.concat(features, 1), tf.compat.v1.get_variable(
+        "w2", [width, CLASSES], initializer=_initial([width, CLASSES], 3)))
     global_step = tf.compat.v1.train.get_or_create_global_step()
     with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
         train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
             _cross_entropy(inputs, logits), global_step=global_step)
-
     step_after = _read_after(train_op, global_step)
 
     def loop(run, feed, is_chief):
@@ -453,42 +474,6 @@ SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": s
           "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm,
           "rnn_loop": rnn_loop}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
-def fused_batchnorm(data_format="NHWC"):
-    """Batch normalization as tf.compat.v1.layers and tf_keras build it on 4-D inputs: one
-    fused kernel (FusedBatchNormV3, training mode), its batch mean and Bessel-corrected variance
-    taken by moving averages in UPDATE_OPS; `data_format` NCHW puts the channels first."""
-    inputs = _inputs()
-    image = tf.reshape(tf.tile(inputs["x"], [1, FEATURES]), [-1, FEATURES, FEATURES, 1])
-    kernel = tf.compat.v1.get_variable("conv", [3, 3, 1, 4], initializer=_initial([3, 3, 1, 4], 4))
-    conv = tf.nn.conv2d(image, kernel, 1, "SAME")
-    if data_format == "NCHW":
-        conv = tf.transpose(conv, [0, 3, 1, 2])
-    scale = tf.compat.v1.get_variable("gamma", [4], initializer=tf.compat.v1.ones_initializer())
-    offset = tf.compat.v1.get_variable("beta", [4], initializer=tf.compat.v1.zeros_initializer())
-    moving_mean = tf.compat.v1.get_variable("moving_mean", [4], trainable=False,
-                                            initializer=tf.compat.v1.zeros_initializer())
-    moving_variance = tf.compat.v1.get_variable("moving_variance", [4], trainable=False,
-                                                initializer=tf.compat.v1.ones_initializer())
-    normalized, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-        conv, scale, offset, epsilon=1e-3, data_format=data_format, is_training=True)
-    for update in (moving_averages.assign_moving_average(moving_mean, mean, 0.9),
-                   moving_averages.assign_moving_average(moving_variance, variance, 0.9)):
-        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
-    logits = tf.matmul(tf.reshape(tf.tanh(normalized), [-1, FEATURES * FEATURES * 4]),
-                       tf.compat.v1.get_variable(
-                           "w2", [FEATURES * FEATURES * 4, CLASSES],
-                           initializer=_initial([FEATURES * FEATURES * 4, CLASSES], 3)))
-    global_step = tf.compat.v1.train.get_or_create_global_step()
-    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
-        train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
-            _cross_entropy(inputs, logits), global_step=global_step)
-    step_after = _read_after(train_op, global_step)
-
-    def loop(run, feed, is_chief):
-        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
-    return inputs, loop
-
-
 PER_WORKER_SHAPES = {"batchnorm": batchnorm, "fused_batchnorm": fused_batchnorm,
                      "fused_batchnorm_nchw": lambda: fused_batchnorm("NCHW")}
 
