@@ -46,8 +46,8 @@ def monitored_session(runner, checkpoint_dir: Optional[str] = None, scaffold=Non
         all_hooks += list(chief_only_hooks or [])
         summary_dir = summary_dir or checkpoint_dir
         if summary_dir and log_step_count_steps and log_step_count_steps > 0:
-            all_hooks.append(tf.compat.v1.train.StepCounterHook(output_dir=summary_dir,
-                                                    every_n_steps=log_step_count_steps))
+            all_hooks.append(tf.compat.v1.train.StepCounterHook(
+                output_dir=summary_dir, every_n_steps=log_step_count_steps))
         if summary_dir and ((summary_steps or 0) > 0 or (summary_secs or 0) > 0):
             all_hooks.append(tf.compat.v1.train.SummarySaverHook(
                 scaffold=scaffold, save_steps=summary_steps, save_secs=summary_secs,
