@@ -79,6 +79,14 @@ def MonitoredTrainingSession(resources: str, config: Optional[Config] = None,  #
             "Parallax's to set: the job's resources and parallax.Config)")
     config = config or Config()
     graph = tf.compat.v1.get_default_graph()
+    if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        # TensorFlow's MonitoredSession would start them again, through the runner, beside
+        # those the runner runs: its enqueues would count as the worker's runs.
+        raise ParallaxError(
+            "parallax.MonitoredTrainingSession: the graph has queue runners "
+            f"({graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS)[0].name!r}), which "
+            "this version does not run under a monitored session: read the input with "
+            "tf.data, or use parallax.get_runner, which starts and stops them")
     analysis = analyze(graph)
     if contracts.role() == "driver":
         driver.run(graph, analysis, resources, config, needs_horovod=True)
