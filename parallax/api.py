@@ -92,4 +92,4 @@ def MonitoredTrainingSession(resources: str, config: Optional[Config] = None,  #
         driver.run(graph, analysis, resources, config, needs_horovod=True)
     runner = worker.start(graph, analysis, config, needs_horovod=True)
     return monitored.monitored_session(runner, any_worker_stops=monitored.horovod_any(),
-                                       **arguments)
+                                       chief_says=monitored.horovod_chief_says(), **arguments)

@@ -33,10 +33,12 @@ def monitored_session(runner, checkpoint_dir: Optional[str] = None, scaffold=Non
                       stop_grace_period_secs: int = 120, log_step_count_steps: int = 100,
                       save_checkpoint_steps=USE_DEFAULT, summary_dir: Optional[str] = None,
                       save_graph_def: bool = True,
-                      any_worker_stops: Optional[Callable[[bool], bool]] = None
+                      any_worker_stops: Optional[Callable[[bool], bool]] = None,
+                      chief_says: Callable[[str], str] = lambda text: text
                       ) -> tf.compat.v1.train.MonitoredSession:
     """TensorFlow's MonitoredTrainingSession of these arguments on `runner`; `any_worker_stops`
-    (this worker's wish, to whether any worker wishes to stop) waits for every worker."""
+    (this worker's wish, to whether any worker wishes to stop) and `chief_says` (this
+    worker's text, to the chief's) wait for every worker."""
     summary_steps, summary_secs = _defaults(save_summaries_steps, save_summaries_secs, 100, None)
     checkpoint_steps, checkpoint_secs = _defaults(save_checkpoint_steps, save_checkpoint_secs,
                                                   None, 600)
@@ -60,7 +62,7 @@ def monitored_session(runner, checkpoint_dir: Optional[str] = None, scaffold=Non
     if any_worker_stops is not None:
         all_hooks.append(StopTogetherHook(any_worker_stops))
     return tf.compat.v1.train.MonitoredSession(
-        session_creator=RunnerSessionCreator(runner, scaffold, checkpoint_dir),
+        session_creator=RunnerSessionCreator(runner, scaffold, checkpoint_dir, chief_says),
         hooks=all_hooks, stop_grace_period_secs=stop_grace_period_secs)
 
 
@@ -74,13 +76,17 @@ def _defaults(steps, secs, default_steps, default_secs):
 class RunnerSessionCreator(tf.compat.v1.train.SessionCreator):
     """The runner as the monitored session's session: Parallax initialized the variables (the
     same on every worker); the scaffold is finalized, as TensorFlow's creators do, for the
-    hooks' saver and summaries; the latest checkpoint of checkpoint_dir is restored on every
-    worker, as every worker must (supervision.md)."""
+    hooks' saver and summaries; the latest checkpoint of checkpoint_dir, as the chief finds it,
+    is restored on every worker, as every worker must (supervision.md). `chief_says` (this
+    worker's text, to the chief's) waits for every worker: none saves the checkpoint of step 0
+    before all have chosen."""
 
-    def __init__(self, runner, scaffold, checkpoint_dir: Optional[str]):
+    def __init__(self, runner, scaffold, checkpoint_dir: Optional[str],
+                 chief_says: Callable[[str], str] = lambda text: text):
         self._runner = runner
         self._scaffold = scaffold
         self._checkpoint_dir = checkpoint_dir
+        self._chief_says = chief_says
         self._created = False
 
     def create_session(self):
@@ -91,8 +97,8 @@ class RunnerSessionCreator(tf.compat.v1.train.SessionCreator):
                 "within the job; use Config(max_restarts=N) with checkpoints to restart it")
         self._created = True
         self._scaffold.finalize()
-        latest = (tf.train.latest_checkpoint(self._checkpoint_dir)
-                  if self._checkpoint_dir else None)
+        latest = self._chief_says((tf.train.latest_checkpoint(self._checkpoint_dir) or "")
+                                  if self._checkpoint_dir else "")
         if latest:
             self._scaffold.saver.restore(self._runner, latest)
         return self._runner
@@ -121,3 +127,25 @@ def horovod_any() -> Callable[[bool], bool]:
         wishes = hvd.allreduce(wish, op=hvd.Sum, name="parallax_stop_together")
     session = tf.compat.v1.Session(graph=graph)
     return lambda stop: bool(session.run(wishes, {wish: np.int32(stop)}))
+
+
+TEXT_BYTES = 4096  # a path the chief broadcasts: Horovod's broadcast takes one shape on all
+
+
+def horovod_chief_says() -> Callable[[str], str]:
+    """The chief's text on every worker (Horovod's broadcast from rank 0)."""
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+
+    graph = tf.Graph()
+    with graph.as_default():
+        text = tf.compat.v1.placeholder(tf.uint8, [TEXT_BYTES])
+        chiefs = hvd.broadcast(text, root_rank=0, name="parallax_chief_says")
+    session = tf.compat.v1.Session(graph=graph)
+
+    def says(mine: str) -> str:
+        encoded = mine.encode()
+        if len(encoded) > TEXT_BYTES:
+            raise ParallaxError(f"a checkpoint path longer than {TEXT_BYTES} bytes: {mine!r}")
+        data = np.frombuffer(encoded.ljust(TEXT_BYTES, b"\0"), np.uint8)
+        return bytes(session.run(chiefs, {text: data})).rstrip(b"\0").decode()
+    return says
