@@ -22,5 +22,6 @@ from parallax.runtime.session import install_chief_only_saves  # noqa: E402
 
 install_chief_only_saves()
 
-__all__ = ["get_runner", "MonitoredTrainingSession", "shard", "num_workers", "num_shards_and_shard_id", "get_partitioner",
-           "Config", "PSConfig", "CheckpointConfig", "ProfileConfig", "ParallaxError"]
+__all__ = ["get_runner", "MonitoredTrainingSession", "shard", "num_workers",
+           "num_shards_and_shard_id", "get_partitioner", "Config", "PSConfig", "CheckpointConfig",
+           "ProfileConfig", "ParallaxError"]

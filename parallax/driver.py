@@ -29,9 +29,10 @@ def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
     plans = make_job_plans(graph, analysis, resources, config)
     unsynchronized = plans[0].unsynchronized_batch_norms
     if unsynchronized:
+        named = ", ".join(map(repr, unsynchronized[:3])) + (", ..." if len(unsynchronized) > 3
+                                                           else "")
         launch.say(
-            f"warning: sync_batch_norm=False: {len(unsynchronized)} batch norm(s) "
-            f"({', '.join(map(repr, unsynchronized[:3]))}{', ...' if len(unsynchronized) > 3 else ''}) "
+            f"warning: sync_batch_norm=False: {len(unsynchronized)} batch norm(s) ({named}) "
             f"normalize each worker's own batch, 1/{plans[0].num_workers} of the combined one, so "
             "the model does not train as on one device; leave sync_batch_norm unset to combine "
             "their statistics")

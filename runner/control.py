@@ -199,6 +199,7 @@ class ControlServer:
         self.job = job
         self.key = secrets.token_bytes(32)
         self.address = address
+        self._host = f"[{address}]" if ":" in address else address  # as host:port takes it
         self.heartbeat_timeout = heartbeat_timeout
         self.stall_timeout = stall_timeout
         self.workers = list(workers)
@@ -219,16 +220,14 @@ class ControlServer:
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             "parallax.Control", {"Beat": grpc.unary_unary_rpc_method_handler(self._beat)}),))
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        port = self._server.add_insecure_port(f"{host}:0")
+        port = self._server.add_insecure_port(f"{self._host}:0")
         await self._server.start()
         return port
 
     def env_for(self, name: str) -> Dict[str, str]:
         """What process `name` needs to reach this server and prove that it is of the job."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
         return {CONTROL_ENV: json.dumps({
-            "address": f"{host}:{self.port}", "job": self.job, "name": name,
+            "address": f"{self._host}:{self.port}", "job": self.job, "name": name,
             "timeout": self.heartbeat_timeout, "key": self.key.hex()})}
 
     async def _beat(self, request: bytes, context) -> bytes:

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
+from parallax.runtime.trials import agreement
 
 USE_DEFAULT = object()  # as TensorFlow's: the argument was not given
 ARGUMENTS = {"checkpoint_dir", "scaffold", "hooks", "chief_only_hooks", "save_checkpoint_secs",
@@ -129,23 +130,17 @@ def horovod_any() -> Callable[[bool], bool]:
     return lambda stop: bool(session.run(wishes, {wish: np.int32(stop)}))
 
 
-TEXT_BYTES = 4096  # a path the chief broadcasts: Horovod's broadcast takes one shape on all
+TEXT_BYTES = 4096  # a path the chief broadcasts: Horovod's broadcast takes one length on all
 
 
 def horovod_chief_says() -> Callable[[str], str]:
-    """The chief's text on every worker (Horovod's broadcast from rank 0)."""
-    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-
-    graph = tf.Graph()
-    with graph.as_default():
-        text = tf.compat.v1.placeholder(tf.uint8, [TEXT_BYTES])
-        chiefs = hvd.broadcast(text, root_rank=0, name="parallax_chief_says")
-    session = tf.compat.v1.Session(graph=graph)
+    """The chief's text on every worker (trials.agreement: Horovod's broadcast from rank 0)."""
+    broadcast = agreement("parallax_chief_says")
 
     def says(mine: str) -> str:
         encoded = mine.encode()
         if len(encoded) > TEXT_BYTES:
             raise ParallaxError(f"a checkpoint path longer than {TEXT_BYTES} bytes: {mine!r}")
-        data = np.frombuffer(encoded.ljust(TEXT_BYTES, b"\0"), np.uint8)
-        return bytes(session.run(chiefs, {text: data})).rstrip(b"\0").decode()
+        values = broadcast(np.frombuffer(encoded.ljust(TEXT_BYTES, b"\0"), np.uint8))
+        return bytes(values.astype(np.uint8)).rstrip(b"\0").decode()
     return says

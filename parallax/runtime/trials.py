@@ -203,15 +203,16 @@ def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> N
     new.session.run(restore)
 
 
-def agreement() -> Callable[[np.ndarray], np.ndarray]:
+def agreement(name: str = "parallax_trials") -> Callable[[np.ndarray], np.ndarray]:
     """The chief's vector on every worker, which waits for all of them (Horovod's
-    broadcast from rank 0, in a small graph of its own)."""
+    broadcast from rank 0, named `name`, in a small graph of its own); every worker passes a
+    vector of the same length."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
 
     graph = tf.Graph()
     with graph.as_default():
         vector = tf.compat.v1.placeholder(tf.float64, [None])
-        agreed = hvd.broadcast(vector, root_rank=0, name="parallax_trials")
+        agreed = hvd.broadcast(vector, root_rank=0, name=name)
     session = tf.compat.v1.Session(graph=graph)
     return lambda values: session.run(agreed, {vector: values})
 
