@@ -30,12 +30,16 @@ def _runner(worker_id):
         record_aggregated(grad, aggregated)
         train = w.assign_sub(0.1 * aggregated, name="train").op
         tf.compat.v1.summary.histogram("gradient", aggregated)  # a monitor of the aggregate
-        init = tf.compat.v1.global_variables_initializer()
+        seen = tf.compat.v1.get_local_variable("seen", [], initializer=tf.zeros_initializer())
+        count = seen.assign_add(tf.reduce_sum(x), name="count")
+        init = tf.group(tf.compat.v1.global_variables_initializer(),
+                        tf.compat.v1.local_variables_initializer())
     session = tf.compat.v1.Session(graph=graph)
     session.run(init)
     runner = ParallaxRunner(GraphMap(graph, graph), session, num_workers=2, worker_id=worker_id,
                             description="", training_writes=[train.name])
-    runner.tensors = {"x": x, "w": w, "loss": loss, "grad": grad, "train": train}
+    runner.tensors = {"x": x, "w": w, "loss": loss, "grad": grad, "train": train,
+                      "seen": seen, "count": count, "init": init}
     return runner
 
 
@@ -74,6 +78,21 @@ def test_running_an_initializer_is_skipped_with_a_warning(runner, caplog):
     runner.run([init, t["w"].initializer])
     np.testing.assert_allclose(runner.run(t["w"]), [0.7, 0.4])
     assert "skipped: Parallax initializes the variables" in caplog.text
+
+
+def test_local_variables_are_reset_as_the_script_asks(runner, caplog):
+    """A metric's local variables, reset between evaluations: their initializers run, alone or
+    in a group with the global variables' (which are skipped, with a warning)."""
+    t = runner.tensors
+    runner.run(t["train"], {t["x"]: [1.0, 2.0]})
+    assert runner.run(t["count"], {t["x"]: [1.0, 2.0]}) == 3.0
+    runner.run(tf.compat.v1.variables_initializer([t["seen"]]))
+    assert runner.run(t["seen"]) == 0.0 and "skipped" not in caplog.text
+    runner.run(t["count"], {t["x"]: [1.0, 2.0]})
+    runner.run(t["init"])
+    assert runner.run(t["seen"]) == 0.0
+    np.testing.assert_allclose(runner.run(t["w"]), [0.7, 0.4])
+    assert f"runner.run({t['init'].name}) skipped but for the local variables" in caplog.text
 
 
 def test_fetch_not_in_graph_is_named(runner):

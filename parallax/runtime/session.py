@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -54,7 +55,8 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._steps = Steps(graph, self.is_chief, training_writes)
         self.last_run = (False, 0.0)  # whether the last run was a training step, its seconds
         self._initializers = _initializer_names(graph)
-        self._skipped_initializer = None
+        self._local_initializers = _local_initializer_names(graph)
+        self._skipped_initializers: Dict[str, tf.Operation] = {}
         self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
         self._busy = False  # in a run or a save: a SIGTERM waits for its end
         self._stop_requested = False
@@ -225,27 +227,41 @@ class ParallaxRunner(tf_private.SessionInterface):
         if isinstance(element, tf.Tensor):
             return self._aggregate(element)
         if isinstance(element, tf.Operation):
-            if self._is_initializer(element):
-                return self._skip_initializer(element)
+            parts = self._initializer_parts(element)
+            if parts is not None and parts[0]:
+                return self._skip_initializers(element, *parts)
             return self._cuts.get(element.name, element)
         return element
 
-    def _is_initializer(self, op: tf.Operation) -> bool:
-        """An initializer, or a group of them (global_variables_initializer())."""
+    def _initializer_parts(self, op: tf.Operation
+                           ) -> Optional[Tuple[List[tf.Operation], List[tf.Operation]]]:
+        """(the initializers of global variables and tables, those of local variables) that
+        an initializer or a group of them (global_variables_initializer()) runs; None for
+        another op."""
         if op.name in self._initializers:
-            return True
-        return (op.type == "NoOp" and not op.inputs and bool(op.control_inputs)
-                and all(self._is_initializer(c) for c in op.control_inputs))
+            return [op], []
+        if op.name in self._local_initializers:
+            return [], [op]
+        if op.type == "NoOp" and not op.inputs and op.control_inputs:
+            parts = [self._initializer_parts(c) for c in op.control_inputs]
+            if all(part is not None for part in parts):
+                return ([i for part in parts for i in part[0]],
+                        [i for part in parts for i in part[1]])
+        return None
 
-    def _skip_initializer(self, op: tf.Operation) -> tf.Operation:
-        """Parallax initialized the variables (the same on every worker, or from the latest
-        checkpoint); running an initializer again would set one replica apart."""
-        if self._skipped_initializer is None:
+    def _skip_initializers(self, op: tf.Operation, skipped: List[tf.Operation],
+                           kept: List[tf.Operation]) -> tf.Operation:
+        """Parallax initialized the global variables (the same on every worker, or from the
+        latest checkpoint); running their initializers again would set one replica apart.
+        Local variables' (a metric's, reset between evaluations) are the worker's own: run."""
+        if op.name not in self._skipped_initializers:
             with self.transformed_graph.as_default():
-                self._skipped_initializer = tf.no_op(name="parallax_skipped_initializer")
-        log.warning("runner.run(%s) skipped: Parallax initializes the variables "
-                    "itself (and restores checkpoints); remove this call", op.name)
-        return self._skipped_initializer
+                self._skipped_initializers[op.name] = tf.group(
+                    *kept, name="parallax_skipped_initializer")
+        log.warning("runner.run(%s) skipped%s: Parallax initializes the variables "
+                    "itself (and restores checkpoints); remove this call", op.name,
+                    " but for the local variables" if kept else "")
+        return self._skipped_initializers[op.name]
 
     def _aggregate(self, tensor: tf.Tensor) -> tf.Tensor:
         """A fetched gradient is the aggregated one, as training on one device would give."""
@@ -319,7 +335,13 @@ def _scalars(values: dict) -> dict:
 
 
 def _initializer_names(graph: tf.Graph) -> set:
+    """The initializers Parallax runs itself: of global variables, and of tables."""
     with graph.as_default():
-        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+        variables = tf.compat.v1.global_variables()
     return {v.initializer.name for v in variables} | {
         op.name for op in graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)}
+
+
+def _local_initializer_names(graph: tf.Graph) -> set:
+    with graph.as_default():
+        return {v.initializer.name for v in tf.compat.v1.local_variables()}
