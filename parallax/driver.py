@@ -27,20 +27,35 @@ def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
     """`needs_horovod`: the workers join Horovod whatever the plan (a monitored session agrees
     on stopping through it)."""
     plans = make_job_plans(graph, analysis, resources, config)
-    unsynchronized = plans[0].unsynchronized_batch_norms
-    if unsynchronized:
-        named = ", ".join(map(repr, unsynchronized[:3])) + (", ..." if len(unsynchronized) > 3
-                                                           else "")
-        launch.say(
-            f"warning: sync_batch_norm=False: {len(unsynchronized)} batch norm(s) ({named}) "
-            f"normalize each worker's own batch, 1/{plans[0].num_workers} of the combined one, so "
-            "the model does not train as on one device; leave sync_batch_norm unset to combine "
-            "their statistics")
+    for warning in warnings(plans[0], analysis):
+        launch.say(f"warning: {warning}")
     launch.run_driver(resources, config, bool(plans[0].cluster.servers),
                       needs_horovod or any(plan.uses_horovod for plan in plans),
                       contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))
+
+
+def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:
+    """What the driver warns of before the job starts: where the job will not train as one
+    device would, or may not."""
+    said = []
+    unsynchronized = plan.unsynchronized_batch_norms
+    if unsynchronized:
+        named = ", ".join(map(repr, unsynchronized[:3])) + (", ..." if len(unsynchronized) > 3
+                                                           else "")
+        said.append(
+            f"sync_batch_norm=False: {len(unsynchronized)} batch norm(s) ({named}) normalize "
+            f"each worker's own batch, 1/{plan.num_workers} of the combined one, so the model "
+            "does not train as on one device; leave sync_batch_norm unset to combine their "
+            "statistics")
+    for write, variable in analysis.unclear_counters:
+        said.append(
+            f"{write!r} adds to {variable!r} a value of each worker's own data that is neither "
+            "a sum over the batch (summed over workers, as one device counts) nor a per-step "
+            "value (averaged): it is averaged. If it counts the batch's examples, compute it "
+            "with tf.reduce_sum or tf.size over the batch")
+    return said
 
 
 def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,

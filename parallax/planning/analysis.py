@@ -16,6 +16,7 @@ from parallax import contracts, tf_private
 from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, batch_moments
 from parallax.contracts import GradientRecord
 from parallax.errors import ParallaxError
+from parallax.planning import counters
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
 # assignments and scatters write their first input.
@@ -49,7 +50,8 @@ class ExtraState:
     owner: Optional[str]  # the trainable variable it lives with (TF's colocation), if any
     update_ops: List[str]
     # Written from this worker's own data (a loss average, a batch's moving statistics): the
-    # replicas would drift apart, so the value each write takes is averaged over workers.
+    # replicas would drift apart, so the value each write takes is averaged over workers, or
+    # summed where it adds a count of the batch (planning/counters.py).
     per_worker: bool = False
     # Written from the gradients (slots, global_step, accumulators), not before or beside them.
     after_gradients: bool = False
@@ -72,6 +74,11 @@ class GraphAnalysis:
     # Variables whose gradient another gradient is computed from (a penalty on the gradients,
     # differentiated again: double backprop).
     differentiated: List[str] = dataclasses.field(default_factory=list)
+    # Writes of per-worker state that add a count of the batch: summed over workers.
+    summed_writes: List[str] = dataclasses.field(default_factory=list)
+    # Adding writes of per-worker state whose increment is neither a count of the batch nor a
+    # per-step value that Parallax can tell: (write, variable), averaged.
+    unclear_counters: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def inputs_of_updates(self, variable: str) -> set:
         return self.update_reads.get(variable, set())
@@ -93,9 +100,10 @@ class GraphAnalysis:
 
     @property
     def averaged_writes(self) -> List[str]:
-        """Writes whose value is averaged over workers: those of per-worker state."""
+        """Writes whose value is averaged over workers: those of per-worker state but the
+        summed ones."""
         return [op for state in self.extra_state.values() if state.per_worker
-                for op in state.update_ops]
+                for op in state.update_ops if op not in self.summed_writes]
 
 
 def analyze(graph: tf.Graph) -> GraphAnalysis:
@@ -159,9 +167,31 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     _check_trained_variables_not_written_from_the_batch(graph, variables, ahead, gradient_names)
     before_gradients = {w for ops in writes.values() for w in ops
                         if graph.get_operation_by_name(w) in ahead}
+    summed, unclear = _counters(graph, extra_state, from_data)
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
                          batch_moments(graph), fused, before_gradients,
-                         _differentiated(graph, records, writes))
+                         _differentiated(graph, records, writes), summed, unclear)
+
+
+def _counters(graph: tf.Graph, extra_state: Dict[str, ExtraState], from_data: set
+              ) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """The adding writes of per-worker state that count the batch (summed over workers), and
+    those Parallax cannot tell (write, variable)."""
+    sizes = counters.batch_sizes(op for op in graph.get_operations()
+                                 if op.type.startswith(_DATA_SOURCES) and not is_setting(op))
+    summed, unclear = [], []
+    for state in extra_state.values():
+        for name in state.update_ops:
+            write = graph.get_operation_by_name(name)
+            if write.type not in counters.ADDING_WRITES:
+                continue
+            kind = counters.increment_kind(write, from_data, sizes)
+            if kind is counters.Increment.COUNT:
+                summed.append(name)
+                state.per_worker = True  # a count of a fixed batch: constant, yet the worker's
+            elif kind is counters.Increment.UNCLEAR:
+                unclear.append((name, state.name))
+    return summed, unclear
 
 
 def _differentiated(graph: tf.Graph, records: List[GradientRecord], writes) -> List[str]:
@@ -311,8 +341,8 @@ def _parents(op: tf.Operation) -> List[tf.Operation]:
 _AVERAGEABLE_WRITES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp",
                                  "AssignAddVariableOp", "AssignSubVariableOp"})
 # Ops whose outputs differ from worker to worker: its data, and its random numbers.
-_PER_WORKER_SOURCES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead",
-                       "Random", "TruncatedNormal", "Multinomial")
+_DATA_SOURCES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead")
+_PER_WORKER_SOURCES = _DATA_SOURCES + ("Random", "TruncatedNormal", "Multinomial")
 RESTORE_OP_TYPES = ("RestoreV2", "Restore", "RestoreSlice")
 
 

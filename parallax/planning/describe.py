@@ -62,6 +62,9 @@ def describe(plan: Plan) -> str:
     elif plan.unsynchronized_batch_norms:
         header += ("\nbatch norm: statistics of each worker's own batch, not one device's "
                    f"(sync_batch_norm=False): {', '.join(plan.unsynchronized_batch_norms)}")
+    if plan.summed_writes:
+        header += ("\ncounts of the batch, summed over workers as one device counts the "
+                   f"combined batch: {', '.join(plan.summed_writes)}")
     return "\n".join([header] + lines)
 
 

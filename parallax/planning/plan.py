@@ -84,6 +84,7 @@ class Plan:
     # With sync_batch_norm=False: the batch norms found, each normalizing a worker's own batch.
     unsynchronized_batch_norms: List[str]
     averaged_writes: List[str]  # writes of per-worker state, whose value is averaged
+    summed_writes: List[str]  # writes adding a count of the worker's batch: summed
     run_index: int = 0  # which get_runner call of the process this plan is for
     decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
     # Config(sync=False): each worker updates the servers' variables with its own gradients
@@ -182,7 +183,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
                 analysis.batch_moments if sync else [],
                 analysis.fused_batch_norms if sync else [],
                 [] if sync else batch_norms(analysis),
-                analysis.averaged_writes, run_index, decision, not config.sync,
+                analysis.averaged_writes, analysis.summed_writes, run_index, decision,
+                not config.sync,
                 _machine_stages(config, cluster, variables, decision))
 
 
@@ -377,7 +379,7 @@ def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool
     if run_option != "PS" or (sync_batch_norm and (analysis.batch_moments
                                                    or analysis.fused_batch_norms)):
         return True
-    if analysis.averaged_writes:  # of global or local variables (a metric's)
+    if analysis.averaged_writes or analysis.summed_writes:  # of a metric's variables, say
         return True
     return any(name not in analysis.variables and not _on_server_in_ps(analysis, name)
                for name in analysis.all_variables)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from parallax.errors import ParallaxError
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import Pass
-from parallax.rewriting.passes.allreduce import (allreduce_gradients, average_worker_state,
+from parallax.rewriting.passes.allreduce import (allreduce_gradients, combine_worker_state,
                                                  broadcast_initial_values)
 from parallax.rewriting.passes.batch_norm import synchronize_batch_statistics
 from parallax.rewriting.passes.boundary import place_boundary_ops
@@ -26,7 +26,7 @@ from parallax.rewriting.passes.sync import synchronize_steps
 from parallax.rewriting.passes.unique_rows import gather_unique_rows
 
 # Every mode may keep replicas (in PS mode: state written from each worker's own data).
-_REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, average_worker_state,
+_REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, combine_worker_state,
              broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
        copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,

@@ -334,6 +334,41 @@ def metrics():
     return inputs, loop
 
 
+def evaluation():
+    """An evaluation loop between trainings, as TF1 scripts write it: the metrics' local
+    variables reset, then only their update ops run over evaluation batches, the counts of
+    examples read directly (an accuracy's, an AUC's, a precision's, a count by tf.shape)."""
+    inputs = _inputs()
+    logits = _logits(inputs, "model")
+    train_op = tf.compat.v1.train.AdagradOptimizer(0.3).minimize(_cross_entropy(inputs, logits))
+    predictions = tf.argmax(logits, 1)
+    metrics = [tf.compat.v1.metrics.accuracy(inputs["label"], predictions),
+               tf.compat.v1.metrics.auc(tf.one_hot(inputs["label"], CLASSES),
+                                        tf.nn.softmax(logits), num_thresholds=20),
+               tf.compat.v1.metrics.precision(tf.equal(inputs["label"], 1),
+                                              tf.equal(predictions, 1)),
+               tf.compat.v1.metrics.mean(_cross_entropy(inputs, logits))]
+    examples = tf.compat.v1.get_local_variable("examples", [], tf.float32,
+                                               initializer=tf.zeros_initializer())
+    updates = [update for _, update in metrics] + [
+        examples.assign_add(tf.cast(tf.shape(inputs["x"])[0], tf.float32))]
+    counts = [v for v in tf.compat.v1.local_variables() if v.op.name.endswith(
+        ("count", "true_positives", "false_positives", "examples"))]
+    reset = tf.compat.v1.local_variables_initializer()
+
+    def loop(run, feed, is_chief):
+        fetched = []
+        for round_ in range(2):
+            for step in range(STEPS // 2):
+                run(train_op, feed(STEPS * round_ + step))
+            run(reset)
+            for step in range(3):
+                run(updates, feed(1000 + step))
+            fetched += run([value for value, _ in metrics]) + [c.sum() for c in run(counts)]
+        return fetched
+    return inputs, loop
+
+
 def max_norm():
     """A max-norm constraint on the embedding's rows after each update, the step fetched as
     the value the assign returns (a read ordered after the assign)."""
@@ -472,7 +507,7 @@ SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": s
           "references": references, "cond": cond, "schedule": schedule, "restore": restore,
           "gradient_norms": gradient_norms, "ps_pins": ps_pins,
           "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm,
-          "rnn_loop": rnn_loop}
+          "rnn_loop": rnn_loop, "evaluation": evaluation}
 # Shapes whose workers agree with each other, but not with one device: see their docstrings.
 PER_WORKER_SHAPES = {"batchnorm": batchnorm, "fused_batchnorm": fused_batchnorm,
                      "fused_batchnorm_nchw": lambda: fused_batchnorm("NCHW")}
@@ -498,8 +533,9 @@ def _feeder(inputs, workers, worker, share=True, delay=0.0):
 
 
 def _variables(graph, run):
+    """Every variable, a metric's local ones too."""
     with graph.as_default():
-        variables = tf.compat.v1.global_variables()
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
     return dict(zip([v.op.name for v in variables], run(variables)))
 
 

@@ -99,19 +99,22 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
         row_sums.use_carried_norm(consumers[values], norm, trigger=new_values.op)
 
 
-@graph_pass(produces=["per-worker state averaged"])
-def average_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
-    """State written from each worker's own data (a loss average, a batch's moving statistics)
-    stays identical on every worker: each such write takes the mean over workers of the value
-    it would write. For the moving averages TF writes, that is the average of the combined
-    batch's values, as on one device. Runs before the passes that place ops."""
-    with graph.as_default(), tf.name_scope("parallax_average_state"):
-        for name in plan.averaged_writes:
-            write = graph.get_operation_by_name(name)
-            value = write.inputs[1]
-            with tf.device(value.op.device):
-                averaged = hvd.allreduce(value, op=hvd.Average)
-            reroute(value, averaged, [write])
+@graph_pass(produces=["per-worker state combined"])
+def combine_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
+    """State written from each worker's own data (a loss average, a batch's moving statistics,
+    a metric's counts) stays identical on every worker and equal to one device's: each such
+    write takes the sum over workers of the value it would add where that is a count of the
+    batch (planning/counters.py: the combined batch's count), else their mean (for the moving
+    averages TF writes, the average of the combined batch's values, as on one device). Runs
+    before the passes that place ops."""
+    with graph.as_default(), tf.name_scope("parallax_combine_state"):
+        for names, op in ((plan.averaged_writes, hvd.Average), (plan.summed_writes, hvd.Sum)):
+            for name in names:
+                write = graph.get_operation_by_name(name)
+                value = write.inputs[1]
+                with tf.device(value.op.device):
+                    combined = hvd.allreduce(value, op=op)
+                reroute(value, combined, [write])
     return graph
 
 

@@ -17,7 +17,7 @@ from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
 
-@graph_pass(needs=["server variables placed", "per-worker state averaged"],
+@graph_pass(needs=["server variables placed", "per-worker state combined"],
             produces=["worker ops pinned"], runs_if=with_servers)
 def pin_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
     for op in graph.get_operations():
