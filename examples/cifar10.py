@@ -7,8 +7,8 @@ What the port changed, each marked "Parallax:" below:
   - `import parallax` before building the graph; the dataset is `parallax.shard`ed;
   - the tutorial's tf.compat.v1.train.MonitoredTrainingSession is
     parallax.MonitoredTrainingSession(resources, ...): the loop, its hooks (StopAtStepHook,
-    NanTensorHook, the logging hook) and checkpoint_dir stay as the tutorial wrote them, and
-    the session's ConfigProto is Parallax's to set;
+    NanTensorHook, the logging hook), checkpoint_dir and the session's ConfigProto stay as the
+    tutorial wrote them;
   - constants that count steps are in steps of the combined batch: with N workers an epoch has
     N times fewer steps, so decay_steps divides by the number of workers;
   - the queue-based input (tf.train.shuffle_batch) became tf.data.
@@ -33,6 +33,7 @@ BATCH_SIZE, IMAGE_SIZE, NUM_CLASSES = 32, 16, 10
 NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 5000
 MOVING_AVERAGE_DECAY, NUM_EPOCHS_PER_DECAY = 0.9999, 350.0
 LOG_FREQUENCY = 10
+LOG_DEVICE_PLACEMENT = False
 LEARNING_RATE_DECAY_FACTOR, INITIAL_LEARNING_RATE = 0.1, 0.1
 
 
@@ -178,12 +179,14 @@ def main():
     train_dir = os.environ.get("CIFAR10_TRAIN_DIR") or tempfile.mkdtemp(prefix="cifar10_train")
     with graph.as_default():
         # Parallax: parallax.MonitoredTrainingSession(RESOURCES, ...) instead of
-        # tf.compat.v1.train.MonitoredTrainingSession(..., config=ConfigProto(...)).
+        # tf.compat.v1.train.MonitoredTrainingSession(...).
         with parallax.MonitoredTrainingSession(
                 RESOURCES, checkpoint_dir=train_dir,
                 hooks=[tf.compat.v1.train.StopAtStepHook(last_step=MAX_STEPS),
                        tf.compat.v1.train.NanTensorHook(total_loss),
-                       _LoggerHook()]) as mon_sess:
+                       _LoggerHook()],
+                config=tf.compat.v1.ConfigProto(
+                    log_device_placement=LOG_DEVICE_PLACEMENT)) as mon_sess:
             while not mon_sess.should_stop():
                 mon_sess.run(train_op)
 

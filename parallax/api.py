@@ -1,7 +1,7 @@
 """The two calls a user makes: `shard(dataset)` and `get_runner(graph, resources, config)`."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -63,30 +63,27 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     return worker.start(graph, analysis, config)
 
 
-def MonitoredTrainingSession(resources: str, config: Optional[Config] = None,  # noqa: N802
-                             **arguments):  # pylint: disable=invalid-name  (TensorFlow's name)
+def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (TensorFlow's name)
+        resources: str, config: Union[Config, tf.compat.v1.ConfigProto, None] = None,
+        **arguments):
     """tf.compat.v1.train.MonitoredTrainingSession on the default graph, trained by Parallax on
     `resources`: TensorFlow's arguments (checkpoint_dir, scaffold, hooks, chief_only_hooks,
     save_checkpoint_steps/secs, save_summaries_steps/secs, log_step_count_steps,
     stop_grace_period_secs, summary_dir, save_graph_def) and hooks, as TensorFlow runs them;
     chief-only hooks run on the chief; when a hook asks one worker to stop, every worker stops
-    after the same step. In the driver it launches the job and does not return, as get_runner."""
+    after the same step. `config`: a parallax.Config, or TensorFlow's ConfigProto as a script
+    gives it (each worker's session config, Config(sess_config=...)). In the driver it launches
+    the job and does not return, as get_runner."""
     unknown = set(arguments) - monitored.ARGUMENTS
     if unknown:
         raise ParallaxError(
             f"parallax.MonitoredTrainingSession got {sorted(unknown)}: it takes TensorFlow's "
-            f"arguments {sorted(monitored.ARGUMENTS)} (master, is_chief and config are "
-            "Parallax's to set: the job's resources and parallax.Config)")
+            f"arguments {sorted(monitored.ARGUMENTS)} (master and is_chief are Parallax's to "
+            "set: the job's resources)")
+    if isinstance(config, tf.compat.v1.ConfigProto):
+        config = Config(sess_config=config)
     config = config or Config()
     graph = tf.compat.v1.get_default_graph()
-    if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
-        # TensorFlow's MonitoredSession would start them again, through the runner, beside
-        # those the runner runs: its enqueues would count as the worker's runs.
-        raise ParallaxError(
-            "parallax.MonitoredTrainingSession: the graph has queue runners "
-            f"({graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS)[0].name!r}), which "
-            "this version does not run under a monitored session: read the input with "
-            "tf.data, or use parallax.get_runner, which starts and stops them")
     analysis = analyze(graph)
     if contracts.role() == "driver":
         driver.run(graph, analysis, resources, config, needs_horovod=True)

@@ -74,13 +74,3 @@ def test_fetch_structures_keep_their_keys_as_given():
 def test_tensorflows_own_arguments_only():
     with pytest.raises(parallax.ParallaxError, match=r"got \['config_proto', 'master'\]"):
         parallax.MonitoredTrainingSession("localhost:0", master="grpc://x", config_proto=None)
-
-
-def test_queue_runners_are_refused_with_the_way_out():
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    with tf.Graph().as_default():
-        tf.compat.v1.train.string_input_producer(["a.csv"])
-        with pytest.raises(parallax.ParallaxError, match=r"queue runners \('input_producer.*"
-                                                         r"read the input with tf.data"):
-            parallax.MonitoredTrainingSession("localhost:0")

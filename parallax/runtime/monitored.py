@@ -62,9 +62,16 @@ def monitored_session(runner, checkpoint_dir: Optional[str] = None, scaffold=Non
     all_hooks += list(hooks or [])
     if any_worker_stops is not None:
         all_hooks.append(StopTogetherHook(any_worker_stops))
-    return tf.compat.v1.train.MonitoredSession(
-        session_creator=RunnerSessionCreator(runner, scaffold, checkpoint_dir, chief_says),
-        hooks=all_hooks, stop_grace_period_secs=stop_grace_period_secs)
+    # The runner runs the graph's queue runners (shuffle_batch's) and stops them at close:
+    # TensorFlow's session would start them a second time, through the runner.
+    queue_runners = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.QUEUE_RUNNERS)
+    started, queue_runners[:] = list(queue_runners), []
+    try:
+        return tf.compat.v1.train.MonitoredSession(
+            session_creator=RunnerSessionCreator(runner, scaffold, checkpoint_dir, chief_says),
+            hooks=all_hooks, stop_grace_period_secs=stop_grace_period_secs)
+    finally:
+        queue_runners[:] = started
 
 
 def _defaults(steps, secs, default_steps, default_secs):
