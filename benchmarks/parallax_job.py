@@ -27,6 +27,8 @@ def main():
     parser.add_argument("--flat-allreduce", action="store_true",
                         help="Config(hierarchical_allreduce=False): one ring over all workers; "
                         "by default as the cost model predicts faster")
+    parser.add_argument("--own-batch-norm", action="store_true",
+                        help="Config(sync_batch_norm=False): each worker's own batch statistics")
     parser.add_argument("--straggler-ms", type=float, default=0,
                         help="the last worker sleeps this long in each of its steps")
     parser.add_argument("--profile-dir", help="profile the chief's last warm-up step there")
@@ -42,6 +44,7 @@ def main():
                              ps_config=parallax.PSConfig(**{o: False for o in args.ps_off}),
                              sync=not args.asynchronous,
                              hierarchical_allreduce=False if args.flat_allreduce else None,
+                             sync_batch_norm=False if args.own_batch_norm else None,
                              profile_config=parallax.ProfileConfig(
                                  args.profile_dir, profile_steps=[max(args.warmup, 1)],
                                  profile_workers=[0]) if args.profile_dir else None)

@@ -22,6 +22,7 @@ SYSTEM_LABELS = {
     "single": "1 worker (no network)",
     "parallax-hybrid": "Parallax HYBRID",
     "parallax-ar": "Parallax AR",
+    "parallax-ar-own-bn": "Parallax AR, each worker's own batch statistics",
     "parallax-ps": "Parallax PS",
     "parallax-auto": "Parallax AUTO",
     "horovod": "Horovod",

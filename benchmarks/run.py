@@ -6,7 +6,7 @@ virtualenv, one job after another on the same hosts. With several rates (--rate 
 step_time_vs_rate.png in OUT compare them.
 
     python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit [...]]
-                             [--workloads cnn lm lm-whole nmt tags] [--systems ...]
+                             [--workloads cnn cnn-bn lm lm-whole nmt tags] [--systems ...]
                              [--no-ablation]
                              [--no-straggler]
                              [--out benchmarks/results]
@@ -56,7 +56,8 @@ class Setup:
                          connect_timeout=5)
 
 
-def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_allreduce=False):
+def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_allreduce=False,
+              own_batch_norm=False):
     def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
         resources = ";".join(
             f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
@@ -70,6 +71,8 @@ def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_al
             argv.append("--asynchronous")
         if flat_allreduce:
             argv.append("--flat-allreduce")
+        if own_batch_norm:
+            argv.append("--own-batch-norm")
         if straggler_ms:
             argv += ["--straggler-ms", str(straggler_ms)]
         argv += ["--profile-dir", os.path.join(out, "profile")]  # where its step's time goes
@@ -146,7 +149,10 @@ STRAGGLER = {  # issue 12: where asynchronous training pays, one worker much slo
     "parallax-ps-async-straggler": _parallax("PS", asynchronous=True, straggler_ms=STRAGGLER_MS),
 }
 STRAGGLER_WORKLOADS = ("lm",)
-EVERY_JOB = {**SYSTEMS, **ABLATION, **STRAGGLER}  # what --systems may name
+# Issue 36: what combining the workers' batch statistics costs (cnn-bn): without it, each
+# worker normalizes its own batch, as Horovod's users do.
+BATCH_NORM = {"parallax-ar-own-bn": _parallax("AR", own_batch_norm=True)}
+EVERY_JOB = {**SYSTEMS, **ABLATION, **STRAGGLER, **BATCH_NORM}  # what --systems may name
 
 
 def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
@@ -238,7 +244,7 @@ def main():
     parser.add_argument("--delay", help="added latency (needs the kernel's netem qdisc)")
     parser.add_argument("--workloads", nargs="*",
                         default=["cnn", "lm", "lm-whole", "nmt", "tags"],
-                        choices=["cnn", "lm", "lm-whole", "nmt", "tags"])
+                        choices=["cnn", "cnn-bn", "lm", "lm-whole", "nmt", "tags"])
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS),
                         choices=list(EVERY_JOB),
                         help="also single ablation or straggler stages")

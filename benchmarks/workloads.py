@@ -3,6 +3,7 @@ the same way for every system (Parallax, Horovod, TF parameter servers); only wh
 users change around the model (sharding the input, wrapping the optimizer) differs.
 
     cnn: dense, a small ResNet-style CNN (Keras 3 Conv2D/Dense layers) on 32x32 images.
+    cnn-bn: cnn with fused batch normalization after each convolution of its blocks.
     lm:  sparse, LM1B-like: 100k x 64 input embedding, an LSTM, sampled softmax over a
          100k-row output embedding (Adagrad, gradients clipped by global norm; the tables
          split in shards, as the LM1B reference does for its parameter servers).
@@ -56,7 +57,10 @@ class Workload:
             grads, variables = zip(*grads_and_vars)
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
             grads_and_vars = list(zip(grads, variables))
-        return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        # Batch norm's moving statistics (cnn-bn), as TF1 code orders them before the step.
+        with tf.control_dependencies(tf.compat.v1.get_collection(
+                tf.compat.v1.GraphKeys.UPDATE_OPS)):
+            return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
 
 
 def _zipf_ids(rng, vocab, shape):
@@ -75,20 +79,40 @@ def _cnn_dataset(seed, examples=1024):
     return tf.data.Dataset.from_tensor_slices((images, labels))
 
 
-def _residual_block(x, filters, stride):
+def _batch_norm(x):
+    """Batch normalization as TF1 code builds it: fused, in training mode, its moving
+    statistics updated by ops in UPDATE_OPS (Parallax combines the workers' statistics)."""
+    with tf.compat.v1.variable_scope(None, default_name="batch_norm"):
+        channels = [x.shape[-1]]
+        scale = tf.compat.v1.get_variable("scale", channels, initializer=tf.ones_initializer())
+        offset = tf.compat.v1.get_variable("offset", channels,
+                                           initializer=tf.zeros_initializer())
+        statistics = [tf.compat.v1.get_variable(name, channels, initializer=initial,
+                                                trainable=False)
+                      for name, initial in (("moving_mean", tf.zeros_initializer()),
+                                            ("moving_variance", tf.ones_initializer()))]
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(x, scale, offset)
+        for moving, batch in zip(statistics, (mean, variance)):
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                           moving.assign_sub(0.01 * (moving - batch)))
+        return y
+
+
+def _residual_block(x, filters, stride, normalize):
     conv = keras.layers.Conv2D
-    y = conv(filters, 3, strides=stride, padding="same", activation="relu")(x)
-    y = conv(filters, 3, padding="same")(y)
+    y = conv(filters, 3, strides=stride, padding="same")(x)
+    y = conv(filters, 3, padding="same")(tf.nn.relu(normalize(y)))
     if stride != 1 or x.shape[-1] != filters:
         x = conv(filters, 1, strides=stride)(x)
-    return tf.nn.relu(x + y)
+    return tf.nn.relu(x + normalize(y))
 
 
-def _cnn_loss(batch):
+def _cnn_loss(batch, normalize=lambda x: x):
+    """cnn-bn: with `normalize` _batch_norm, after each convolution of the blocks."""
     images, labels = batch
     x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(images)
     for filters, stride in [(32, 1), (64, 2), (64, 1), (128, 2), (128, 1)]:
-        x = _residual_block(x, filters, stride)
+        x = _residual_block(x, filters, stride, normalize)
     logits = keras.layers.Dense(CLASSES)(tf.reduce_mean(x, axis=[1, 2]))
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
                                                                          logits=logits))
@@ -189,6 +213,9 @@ def _tags_loss(batch):
 WORKLOADS = {
     "cnn": Workload("cnn", "dense", 32, "images", 1, _cnn_dataset, _cnn_loss,
                     lambda: tf.compat.v1.train.MomentumOptimizer(0.01, 0.9)),
+    "cnn-bn": Workload("cnn-bn", "dense", 32, "images", 1, _cnn_dataset,
+                       functools.partial(_cnn_loss, normalize=_batch_norm),
+                       lambda: tf.compat.v1.train.MomentumOptimizer(0.01, 0.9)),
     "lm": Workload("lm", "sparse", 32, "words", LM_STEPS, _lm_dataset, _lm_loss,
                    lambda: tf.compat.v1.train.AdagradOptimizer(0.2), clip_norm=1.0,
                    loop_steps=LM_STEPS),
