@@ -49,12 +49,15 @@ def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:
             f"each worker's own batch, 1/{plan.num_workers} of the combined one, so the model "
             "does not train as on one device; leave sync_batch_norm unset to combine their "
             "statistics")
-    for write, variable in analysis.unclear_counters:
+    unclear = analysis.unclear_counters
+    if unclear:
+        named = ", ".join(f"{variable!r} ({write!r})" for write, variable in unclear[:3])
         said.append(
-            f"{write!r} adds to {variable!r} a value of each worker's own data that is neither "
-            "a sum over the batch (summed over workers, as one device counts) nor a per-step "
-            "value (averaged): it is averaged. If it counts the batch's examples, compute it "
-            "with tf.reduce_sum or tf.size over the batch")
+            f"{len(unclear)} assign_add(s) add to {named}{', ...' if len(unclear) > 3 else ''} "
+            "a value of each worker's own data that is neither a sum over the batch (summed "
+            "over workers, as one device counts) nor a per-step value: averaged over workers. "
+            "If one counts the batch's examples, compute it with tf.reduce_sum or tf.size over "
+            "the batch")
     return said
 
 

@@ -44,6 +44,11 @@ def _graph(batch=None):
             rates = tf.compat.v1.get_local_variable("rates", [],
                                                     initializer=tf.zeros_initializer())
             updates.append(rates.assign_add(rate))  # a setting: every worker's alike
+        with tf.compat.v1.variable_scope("averaged_batch_norm"):
+            _, mean, _ = tf.compat.v1.nn.fused_batch_norm(tf.reshape(x, [-1, 1, 1, 5]),
+                                                          tf.ones([5]), tf.zeros([5]))
+            moving = tf.compat.v1.get_variable("moving_mean", [5], trainable=False)
+            updates.append(moving.assign_sub(0.01 * (moving - mean)))
         with tf.compat.v1.variable_scope("unclear"):
             largest = tf.compat.v1.get_local_variable("largest", [],
                                                       initializer=tf.zeros_initializer())
@@ -65,7 +70,7 @@ def test_counts_of_the_batch_are_summed_and_per_step_values_averaged():
                           "summed_recall", "summed_own"}, batch
         averaged = _written(graph, analysis.averaged_writes)
         assert averaged == {"averaged_loss", "averaged_losses", "averaged_tensor",
-                            "averaged_own", "unclear"}, batch
+                            "averaged_own", "averaged_batch_norm", "unclear"}, batch
         assert [variable for _, variable in analysis.unclear_counters] == ["unclear/largest"]
 
 
@@ -78,5 +83,6 @@ def test_the_plan_says_what_it_sums_and_the_driver_what_it_cannot_tell():
     assert ("counts of the batch, summed over workers as one device counts the combined "
             "batch: summed_accuracy/AssignAddVariableOp") in said
     (warning,) = driver.warnings(plan, analysis)
-    assert warning.startswith("'unclear/AssignAddVariableOp' adds to 'unclear/largest' a value "
-                              "of each worker's own data") and "tf.reduce_sum" in warning
+    assert warning.startswith("1 assign_add(s) add to 'unclear/largest' "
+                              "('unclear/AssignAddVariableOp') a value of each worker's own "
+                              "data") and "tf.reduce_sum" in warning

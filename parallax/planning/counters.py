@@ -8,8 +8,8 @@ The increment is read backwards from the write, through ops that keep what it is
 reshapes, scaling by a value every worker has alike), to what made it:
 - a reduction (Sum, Size, a scatter of counts, the size of an axis: `tf.shape(x)[0]`) over the
   batch's axis: a count, summed;
-- a mean over the batch, a ratio of two counts, or nothing of the worker's data: a per-step
-  value, averaged;
+- a mean over the batch (a batch norm's statistics too), a ratio of two counts, or nothing of
+  the worker's data: a per-step value, averaged;
 - anything else from the worker's data: unclear (averaged, and the driver says so).
 An axis is the batch's when its size is unknown or a multiple of the input's leading size (a
 flattened batch). A batch of fixed size makes TensorFlow fold a count of it (tf.size) into a
@@ -70,6 +70,8 @@ def increment_kind(write: tf.Operation, from_data: Set[str], batch_sizes: Set[in
                     else Increment.PER_STEP)
         if op.type in _SCATTERS:
             return Increment.COUNT
+        if op.type.startswith("FusedBatchNorm"):  # a batch's mean and variance
+            return Increment.PER_STEP
         if op.type == "StridedSlice" and op.inputs[0].op.type == "Shape":  # tf.shape(x)[0]
             shape = op.inputs[0].op.inputs[0].shape
             begin = tf.get_static_value(op.inputs[1])
