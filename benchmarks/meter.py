@@ -69,7 +69,7 @@ def machine_stages(graph) -> bool:
 def add_arguments(parser) -> None:
     """The options every system's benchmark script takes."""
     parser.add_argument("--workload", required=True,
-                        choices=["cnn", "lm", "lm-whole", "nmt", "tags"])
+                        choices=["cnn", "cnn-bn", "lm", "lm-whole", "nmt", "tags"])
     parser.add_argument("--out", required=True, help="folder for the workers' records")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--window", type=int, default=10, help="steps per measured window")
