@@ -289,3 +289,42 @@ def test_adams_slot_decays_on_a_server_wait_for_the_aggregated_gradient(deferred
                                for o in analysis.upstream_ops(lookups))
     other, _ = _transformed(1, "adam+clip", run_option="HYBRID")
     assert not [op for op in other.get_operations() if op.name.startswith("parallax_deferred/")]
+
+
+def _model_with_update_inside(control_flow):
+    """An embedding and a dense layer whose gradients are applied inside `control_flow`
+    ('cond': one tf.cond for both; 'loop': the embedding's, twice, in a while loop)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        embedding = tf.compat.v1.get_variable("embedding", [10, 2])
+        dense = tf.compat.v1.get_variable("dense", [2, 1])
+        loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(embedding, [1, 3]), dense))
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        grads_and_vars = optimizer.compute_gradients(loss)
+        if control_flow == "cond":
+            tf.cond(tf.constant(True), lambda: tf.group(optimizer.apply_gradients(grads_and_vars)),
+                    tf.no_op)
+        else:
+            def body(i):
+                with tf.control_dependencies([optimizer.apply_gradients(grads_and_vars[:1])]):
+                    return i + 1
+            tf.compat.v1.while_loop(lambda i: i < 2, body, [tf.constant(0)])
+            optimizer.apply_gradients(grads_and_vars[1:])
+    return graph
+
+
+def test_updates_of_server_variables_in_a_loop_or_beside_replicas_in_a_cond_are_refused():
+    """tf.cond applying server variables' updates trains (test_user_graphs' cond shapes); a
+    while loop's would apply them a varying number of times, and a cond updating replicas too
+    would leave the other workers' replicas behind: each refused, saying what to change."""
+    loop = _model_with_update_inside("loop")
+    with pytest.raises(parallax.ParallaxError, match=r"'while.*' \(a TensorFlow While op\) "
+                                                     r"updates variables that live on parameter "
+                                                     r"servers.*Apply the update after the loop"):
+        make_plan(analyze(loop), parallax.Config(run_option="PS"), Cluster([0, 1]))
+    cond = _model_with_update_inside("cond")
+    make_plan(analyze(cond), parallax.Config(run_option="PS"), Cluster([0, 1]))
+    with pytest.raises(parallax.ParallaxError, match=r"'cond' updates variables on parameter "
+                                                     r"servers \['embedding'\] and replicated "
+                                                     r"ones \['dense'\] at once.*one applying"):
+        make_plan(analyze(cond), parallax.Config(run_option="HYBRID"), Cluster([0, 1]))

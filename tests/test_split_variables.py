@@ -135,10 +135,10 @@ def test_a_table_split_in_shards_trains_and_saves_as_the_whole_table(tmp_path, o
         np.testing.assert_allclose(value, expected[name], rtol=1e-6, err_msg=name)
 
 
-# Not split: cond and rnn_loop use the table in tf.compat.v1 control flow, references in a
-# reference variable (splittable_in_turn keeps them whole, saying why).
+# Not split: cond, cond_split and rnn_loop use the table in tf.compat.v1 control flow,
+# references in a reference variable (splittable_in_turn keeps them whole, saying why).
 @pytest.mark.parametrize("shape", sorted(set(user_graphs.SHAPES)
-                                         - {"cond", "references", "rnn_loop"}))
+                                         - {"cond", "cond_split", "references", "rnn_loop"}))
 def test_user_shaped_graphs_train_split_as_whole(shape, tmp_path, monkeypatch):
     """gan (two optimizers), accumulate (a dense apply of accumulated gradients), cifar10
     (gradient histograms, moving averages), summary (histograms fetched alone), restore (a

@@ -293,18 +293,22 @@ def _check_differentiated_gradients_allreduced(analysis, variables) -> None:
 def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
     """An op that updates server variables runs on the chief only; one that also updates
     replicas (a tf.cond applying every update) would leave the other workers' replicas behind."""
-    on_server, replicated = set(), set()
+    on_server, replicated = {}, {}  # update op -> the trained variables it updates
     for name, info in analysis.variables.items():
         side = on_server if variables[name].sync is Sync.PS else replicated
-        side.update(info.update_ops)
+        for op in info.update_ops:
+            side.setdefault(op, []).append(name)
     for name, state in analysis.extra_state.items():
         side = on_server if name in extra_state_servers else replicated
-        side.update(state.update_ops)
-    for op in sorted(on_server & replicated):
+        for op in state.update_ops:
+            side.setdefault(op, [])
+    for op in sorted(on_server.keys() & replicated.keys()):
         raise ParallaxError(
-            f"{op!r} updates variables on parameter servers and replicated ones at once: the "
-            "chief alone runs updates of server variables. Update them in separate ops (say, "
-            "two tf.conds), or use run_option='AR' or 'PS'")
+            f"{op!r} updates variables on parameter servers {on_server[op][:3]} and replicated "
+            f"ones {replicated[op][:3]} at once: the chief alone runs updates of server "
+            "variables. Update them in separate ops: for a tf.cond, one applying the servers' "
+            "variables' gradients and one the others' (optimizer.apply_gradients of each "
+            "part), or use run_option='AR' or 'PS'")
 
 
 def _check_server_writes_follow_gradients(analysis, server_writes) -> None:
@@ -320,18 +324,24 @@ def _check_server_writes_follow_gradients(analysis, server_writes) -> None:
                 ", or use run_option='AR' or 'AUTO' (which keeps its variable off the servers)")
 
 
+# tf.cond applying updates of server variables: the chief runs it, the others' cut waits for
+# its release, which waits for the step's aggregates on the servers as well as for the cond
+# (runtime/steps.py): a cond taking its empty branch (lowered to Switch/Merge, it waits for
+# nothing of the other) cannot release a step before every worker pushed its gradients.
+_CONDITIONALS = ("If", "StatelessIf")
+
+
 def _check_no_conditional_server_writes(analysis, server_writes) -> None:
-    """Updates of server variables inside tf.cond or a while loop are refused: the chief would
-    apply them in a function whose untaken branch does not wait for the step's gradients, and
-    the step's end could not be told apart from its start."""
+    """Updates of server variables inside a while loop (or another function call than tf.cond)
+    are refused: the chief would apply them a varying number of times in one step."""
     for name in server_writes:
-        if analysis.function_calls.get(name):
+        kind = analysis.function_calls.get(name)
+        if kind and kind not in _CONDITIONALS:
             raise ParallaxError(
-                f"{name!r} (a TensorFlow {analysis.function_calls[name]} op) updates "
-                "variables that live on parameter servers inside its function (tf.cond, "
-                "tf.while_loop): in PS/HYBRID "
-                "mode updates of server variables must be ops of the graph itself. Apply the "
-                "update unconditionally (say, with the gradient scaled by 0 or 1), or use "
+                f"{name!r} (a TensorFlow {kind} op) updates variables that live on parameter "
+                "servers inside its function (tf.while_loop, tf.function): in PS/HYBRID mode "
+                "the chief applies a step's updates of server variables once, as ops of the "
+                "graph or inside tf.cond. Apply the update after the loop, or use "
                 "run_option='AR'")
 
 

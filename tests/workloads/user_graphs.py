@@ -406,6 +406,29 @@ def cond():
     return inputs, loop
 
 
+def cond_split():
+    """cond as HYBRID's refusal of it advises: one tf.cond applying the sparse gradients (of
+    the variables on servers), another the dense ones, every third step, with Momentum's
+    slots; the counter advanced after both."""
+    inputs = _inputs()
+    loss = _cross_entropy(inputs, _logits(inputs, "model"))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    optimizer = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+    grads_and_vars = optimizer.compute_gradients(loss)
+    applying = tf.equal(global_step % 3, 1)
+    parts = ([(g, v) for g, v in grads_and_vars if isinstance(g, tf.IndexedSlices)],
+             [(g, v) for g, v in grads_and_vars if not isinstance(g, tf.IndexedSlices)])
+    applied = [tf.cond(applying, lambda part=part: tf.group(optimizer.apply_gradients(part)),
+                       tf.no_op) for part in parts]
+    with tf.control_dependencies(applied):
+        train_op = global_step.assign_add(1)
+    step_after = _read_after(train_op, global_step)
+
+    def loop(run, feed, is_chief):
+        return [run([train_op, step_after], feed(step))[1] for step in range(STEPS)]
+    return inputs, loop
+
+
 def batchnorm():
     """A CNN with batch normalization written with tf.nn.moments and assign_moving_average in
     UPDATE_OPS, the train op made to wait for them, as TF1 code does; an embedding beside it.
@@ -504,7 +527,8 @@ def rnn_loop():
 
 
 SHAPES = {"gan": gan, "accumulate": accumulate, "cifar10": cifar10, "summary": summary,
-          "references": references, "cond": cond, "schedule": schedule, "restore": restore,
+          "references": references, "cond": cond, "cond_split": cond_split, "schedule": schedule,
+          "restore": restore,
           "gradient_norms": gradient_norms, "ps_pins": ps_pins,
           "gradient_penalty": gradient_penalty, "metrics": metrics, "max_norm": max_norm,
           "rnn_loop": rnn_loop, "evaluation": evaluation}
