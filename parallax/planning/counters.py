@@ -124,6 +124,7 @@ def static_value(tensor: tf.Tensor):
     with tf.compat.v1.Session(graph=tensor.graph) as session:
         return session.run(tensor)
 
+
 def _reduced_sizes(op: tf.Operation) -> Optional[List[Optional[int]]]:
     """The sizes of the axes a Sum or Mean reduces (None where not known)."""
     shape = op.inputs[0].shape
