@@ -11,7 +11,9 @@ What the port changed, each marked "Parallax:" below:
     tutorial wrote them;
   - constants that count steps are in steps of the combined batch: with N workers an epoch has
     N times fewer steps, so decay_steps divides by the number of workers;
-  - the queue-based input (tf.train.shuffle_batch) became tf.data.
+  - the input is tf.data on synthetic images (the tutorial reads its binary files through
+    tf.train.shuffle_batch, which also runs under Parallax, sharded with `parallax.shard` of
+    the file list, but in no fixed order).
 What it kept: weight decay in the 'losses' collection, moving averages of the losses that the
 gradients wait for, gradient histograms, the decaying learning rate, moving averages of the
 variables after each update, summaries and checkpoints written by the chief (the monitored
@@ -51,7 +53,7 @@ def synthetic_cifar(count, seed=0):
 
 
 def distorted_inputs():
-    # Parallax: tf.data instead of the tutorial's queue runners, each worker on its share.
+    # Parallax: each worker on its share (tf.data, in a fixed order, on synthetic images).
     dataset = tf.data.Dataset.from_tensor_slices(synthetic_cifar(NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN))
     dataset = parallax.shard(dataset).shuffle(1000, seed=1).repeat().batch(BATCH_SIZE)
     images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
