@@ -4,7 +4,7 @@ place of every variable — and launches the job with it (launch.py); it does no
 from __future__ import annotations
 
 import dataclasses
-from typing import List, NoReturn
+from typing import List, NoReturn, Optional
 
 import tensorflow as tf
 
@@ -14,7 +14,7 @@ from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
-from parallax.planning.measure import Measurements, measure
+from parallax.planning.measure import Cores, Measurements, measure
 from parallax.partitioner import partitioned_variables
 from parallax.planning.plan import (Decision, Plan, check_plan, effective_run_option,
                                     make_plan)
@@ -106,9 +106,16 @@ def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
     """The measurement stage: the links between the machines of `resources`, and the probe of
     the graph on the driver (planning/measure.py)."""
     links, within = launch.probe_links(resources, config)
-    return measure(graph, analysis, launch.workers_per_machine(resources),
-                   cost.Links(**links) if links else None,
-                   cost.Links(**within) if within else None)
+    workers_per_machine = launch.workers_per_machine(resources)
+    # Whether machines share a kernel, the link between two tells; within one, only its cores.
+    machines = links["machines"] if links else within["machines"][:1] if within else None
+    return measure(graph, analysis, workers_per_machine, _links(links), _links(within),
+                   Cores.of(machines, len(workers_per_machine)) if machines else None)
+
+
+def _links(probed: Optional[dict]) -> Optional[cost.Links]:
+    return (cost.Links(bandwidth=probed["bandwidth"], latency=probed["latency"]) if probed
+            else None)
 
 
 def decides(config: Config) -> bool:

@@ -42,8 +42,8 @@ def workers_per_machine(resources: str) -> List[int]:
 
 def probe_links(resources: str, config: Config) -> Tuple[Optional[dict], Optional[dict]]:
     """What the link between the first two machines and the one within the first machine give
-    ({latency, bandwidth}; None between machines with one machine, or for a probe that fails,
-    which is logged)."""
+    ({latency, bandwidth, machines}: runner.link_probe.probe; None between machines with one
+    machine, or for a probe that fails, which is logged)."""
     hosts = load_resources(resources)
     ssh = _ssh_config(config)
 

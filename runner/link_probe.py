@@ -1,18 +1,24 @@
 """A short probe of the link between two machines: latency (the median round trip of a small
-message, halved) and bandwidth (bytes per second of a bulk transfer, one way).
+message, halved) and bandwidth (bytes per second of a bulk transfer, one way); and what each
+machine's processes run on: its kernel (machines on one kernel — network namespaces, containers
+of one host — share its cores) and the cores they may use.
 
-    python -m runner.link_probe serve HOST CLIENT  # prints its port, answers CLIENT once
-    python -m runner.link_probe measure HOST PORT    # prints {"latency": s, "bandwidth": B/s}
+    python -m runner.link_probe serve HOST CLIENT  # prints its port, then its machine; answers
+                                                   # CLIENT once
+    python -m runner.link_probe measure HOST PORT  # prints {"latency": s, "bandwidth": B/s,
+                                                   #         "machine": {"kernel", "cores"}}
 
 `probe(a, b, ssh)` runs the server on machine b and the client on machine a (over ssh where
-they are not this machine) and returns what the client measured. The server listens on b's
-address of the resources only and answers only a connection from a's (any of this machine's
-loopback addresses when a is this machine): whoever else connects is hung up on.
+they are not this machine) and returns what the client measured, with both machines. The
+server listens on b's address of the resources only and answers only a connection from a's
+(any of this machine's loopback addresses when a is this machine): whoever else connects is
+hung up on.
 """
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shlex
 import socket
 import statistics
@@ -38,6 +44,7 @@ def serve(host: str, client: str) -> None:
     with socket.create_server(address[:2], family=family,
                               dualstack_ipv6=family == socket.AF_INET6) as server:
         print(server.getsockname()[1], flush=True)
+        print(json.dumps(machine()), flush=True)
         server.settimeout(TIMEOUT_SECONDS)
         allowed = _addresses(client)
         while True:
@@ -55,7 +62,7 @@ def serve(host: str, client: str) -> None:
             connection.sendall(b"k")
 
 
-def measure(host: str, port: int) -> Dict[str, float]:
+def measure(host: str, port: int) -> Dict[str, object]:
     with socket.create_connection((host.strip("[]"), port), timeout=TIMEOUT_SECONDS) as link:
         link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         trips = []
@@ -70,7 +77,23 @@ def measure(host: str, port: int) -> Dict[str, float]:
             link.sendall(block)
         _read(link, 1)
         seconds = time.perf_counter() - started
-    return {"latency": statistics.median(trips) / 2, "bandwidth": BULK_BYTES / seconds}
+    return {"latency": statistics.median(trips) / 2, "bandwidth": BULK_BYTES / seconds,
+            "machine": machine()}
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def machine() -> Dict[str, object]:
+    """This machine as its processes see it: its kernel's boot id (None where there is none
+    to read) and the cores this process may run on."""
+    try:
+        with open(BOOT_ID) as file:
+            kernel = file.read().strip()
+    except OSError:
+        kernel = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"kernel": kernel, "cores": cores or 1}
 
 
 def _addresses(host: str) -> Set[str]:
@@ -90,8 +113,9 @@ def _read(connection, count: int) -> bytes:
     return data
 
 
-def probe(client_host: str, server_host: str, ssh: SSHConfig) -> Dict[str, float]:
-    """What the link from `client_host` to `server_host` gives (both names of the resources)."""
+def probe(client_host: str, server_host: str, ssh: SSHConfig) -> Dict[str, object]:
+    """What the link from `client_host` to `server_host` gives (both names of the resources):
+    latency, bandwidth, and machines: [the client's, the server's] (`machine`)."""
     remote = not is_local(server_host)
     server = subprocess.Popen(_command(server_host, ["serve", server_host, client_host], ssh),
                               stdout=subprocess.PIPE,
@@ -103,13 +127,15 @@ def probe(client_host: str, server_host: str, ssh: SSHConfig) -> Dict[str, float
         port = server.stdout.readline().strip()
         if not port.isdigit():
             raise RuntimeError(f"the link probe could not start on {server_host}")
+        served_on = json.loads(server.stdout.readline())
         done = subprocess.run(_command(client_host, ["measure", server_host, port], ssh),
                               capture_output=True, text=True, stdin=subprocess.DEVNULL,
                               timeout=TIMEOUT_SECONDS + ssh.connect_timeout)
         if done.returncode != 0:
             raise RuntimeError(f"the link probe from {client_host} to {server_host} failed: "
                                f"{done.stderr.strip().splitlines()[-1:]}")
-        return json.loads(done.stdout)
+        measured = json.loads(done.stdout)
+        return dict(measured, machines=[measured.pop("machine"), served_on])
     finally:
         server.kill()
         server.wait()

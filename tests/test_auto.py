@@ -11,6 +11,7 @@ import parallax  # noqa: F401  (records gradients)
 from parallax import contracts
 from parallax.planning import cost, measure, search as auto
 from parallax.planning.analysis import analyze
+from parallax.planning.measure import Cores
 from parallax.planning.search import Decision, decide
 from parallax.cluster import Cluster
 from parallax.config import Config
@@ -330,6 +331,21 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     assert "ms of CPU), 2 sharing" in decision.note  # two workers a machine share its cores
     assert "links measured: 8 Mbit/s, 200 us (within a machine 20 Gbit/s, 20 us" in decision.note
     assert decision.link_model() == cost.Links(bandwidth=1e6)
+
+
+def test_machines_on_one_kernel_share_its_cores():
+    """The link probe's two machines on one kernel (network namespaces, containers of one
+    host): every machine's workers share those cores; on two kernels each has its own."""
+    one, other = {"kernel": "a", "cores": 4}, {"kernel": "b", "cores": 2}
+    assert Cores.of([one, dict(one, cores=2)], 3) == Cores(2, 3)
+    assert Cores.of([one, other], 3) == Cores(2, 1)
+    assert Cores.of([dict(one, kernel=None)] * 2, 3) == Cores(4, 1)  # no kernel to tell
+    graph = _graph(vocab=1000, ids_per_batch=50)
+    separate, shared = (decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
+                               cores=Cores(2, kernels)) for kernels in (1, 2))
+    assert "2 sharing 2 cores" in separate.note and "machines on one kernel" not in separate.note
+    assert "4 sharing 2 cores (2 machines on one kernel)" in shared.note
+    assert shared.compute >= shared.alone
 
 
 def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():

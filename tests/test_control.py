@@ -347,6 +347,8 @@ def test_the_progress_bar_and_metrics_file_follow_the_workers(tmp_path, capsys):
 def test_the_link_probe_between_two_loopback_machines():
     link = probe("127.0.0.1", "127.0.0.2", SSHConfig())
     assert link["bandwidth"] > 10e6 and 0 < link["latency"] < 0.01
+    client, server = link["machines"]  # loopback addresses of one machine: one kernel
+    assert client == server and client["kernel"] and client["cores"] >= 1
     assert not [c for c in psutil.Process().children(recursive=True)
                 if "link_probe" in " ".join(c.cmdline())]
 

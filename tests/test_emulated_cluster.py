@@ -1,5 +1,6 @@
 """The emulated cluster itself: taken down and brought up again at once, as one test module's
 fixture does right after another's (a namespace's veth end used to outlive its 'down')."""
+import os
 import subprocess
 import time
 
@@ -48,6 +49,9 @@ def test_the_link_probe_measures_a_shaped_link_over_ssh():
         assert 0 < link["latency"] < 0.005, link
         within = probe("10.213.0.2", "10.213.0.2", ssh)  # the host's loopback: not shaped
         assert within["bandwidth"] > 4 * 12.5e6, within
+        # Both hosts are network namespaces of this machine's kernel: they share its cores.
+        kernel = open("/proc/sys/kernel/random/boot_id").read().strip()
+        assert link["machines"] == [{"kernel": kernel, "cores": len(os.sched_getaffinity(0))}] * 2
         deadline = time.monotonic() + 10
         while _probes_on_hosts() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -30,12 +30,30 @@ from parallax.planning.traces import profiler_log_dropped, step_shares
 from parallax.graph_copy import copy_graph
 
 
+@dataclasses.dataclass(frozen=True)
+class Cores:
+    """What the workers of a machine compute on, as the link probe found the first two
+    machines: the cores a process may run on, and how many machines run on one kernel
+    (network namespaces or containers of one host), sharing its cores."""
+    per_machine: int
+    machines_per_kernel: int = 1
+
+    @classmethod
+    def of(cls, machines: List[dict], job_machines: int) -> "Cores":
+        """From the link probe's records of two machines (runner.link_probe.machine): when
+        they run on one kernel, so do all `job_machines` of the job, taken to be alike."""
+        kernels = {m.get("kernel") for m in machines}
+        shared = len(machines) > 1 and len(kernels) == 1 and None not in kernels
+        return cls(min(int(m["cores"]) for m in machines), job_machines if shared else 1)
+
+
 @dataclasses.dataclass
 class Measurements:
     """What the driver measured before planning; `problem` says why the rows were not."""
     workers_per_machine: List[int]
     links: Optional[cost.Links] = None  # between two machines; None: not measured
     within_machine: Optional[cost.Links] = None  # within one machine, for the record
+    cores: Optional[Cores] = None  # None: not measured, the driver's own taken for each
     stats: Dict[str, cost.VariableStats] = dataclasses.field(default_factory=dict)
     timing: Optional["Timing"] = None  # one worker's step alone
     problem: Optional[str] = None  # why the statistics were not measured
@@ -48,9 +66,11 @@ class Measurements:
 
 def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
             links: Optional[cost.Links] = None,
-            within_machine: Optional[cost.Links] = None) -> Measurements:
-    """The probe of `graph` for a job of `workers_per_machine`, with the links measured."""
-    measured = Measurements(workers_per_machine, links, within_machine)
+            within_machine: Optional[cost.Links] = None,
+            cores: Optional[Cores] = None) -> Measurements:
+    """The probe of `graph` for a job of `workers_per_machine`, with the links and cores
+    measured."""
+    measured = Measurements(workers_per_machine, links, within_machine, cores)
     needed, free = variables_bytes(graph), psutil.virtual_memory().available
     if needed > PROBE_MEMORY_SHARE * free:
         measured.problem = (

@@ -18,7 +18,7 @@ from parallax import tf_private
 from parallax.partitioner import Partitioned, partitioned_variables, shard_name
 from parallax.planning import cost, split_rules
 from parallax.planning.analysis import GraphAnalysis, upstream_ops
-from parallax.planning.measure import Measurements, measure
+from parallax.planning.measure import Cores, Measurements, measure
 from parallax.planning.plan import Decision, rule
 from parallax.planning.rows import rows_can_be_summed
 
@@ -28,10 +28,10 @@ def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[i
            search_partitions: bool = False,
            within_machine: Optional[cost.Links] = None,
            hierarchical_allreduce: Optional[bool] = None,
-           split: Optional[bool] = None) -> Decision:
+           split: Optional[bool] = None, cores: Optional[Cores] = None) -> Decision:
     """Measure (measure.measure) and choose (`choose`): the driver's two stages in one call."""
     return choose(graph, analysis, measure(graph, analysis, workers_per_machine, links,
-                                           within_machine),
+                                           within_machine, cores),
                   run_option, search_partitions, hierarchical_allreduce, split)
 
 
@@ -96,11 +96,14 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     compute = alone = None
     if timed:
         alone = timed.alone
-        cores = os.cpu_count() or 1  # the workers' machines taken to be like this one
-        compute = cost.shared_compute(alone, timed.cpu, shape.workers_per_machine, cores)
+        # Not measured: the workers' machines taken to be like this one, each its own.
+        cores = measured.cores or Cores(os.cpu_count() or 1)
+        sharing = shape.workers_per_machine * cores.machines_per_kernel
+        compute = cost.shared_compute(alone, timed.cpu, sharing, cores.per_machine)
         note += (f"; one worker's step alone {_ms(alone)} "
-                 f"({_ms(timed.cpu)} of CPU), {shape.workers_per_machine} sharing "
-                 f"{cores} cores {_ms(compute)}")
+                 f"({_ms(timed.cpu)} of CPU), {sharing} sharing {cores.per_machine} cores"
+                 + (f" ({cores.machines_per_kernel} machines on one kernel)"
+                    if cores.machines_per_kernel > 1 else "") + f" {_ms(compute)}")
         off, held = cost.server_updates(chosen, stats, shape)
         if off:
             note += (f", of which the servers' updates take {off:.0%} (the busiest "
