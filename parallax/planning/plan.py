@@ -224,7 +224,7 @@ def _check(analysis: GraphAnalysis, config: Config, run_option: str,
     _check_differentiated_gradients_allreduced(analysis, variables)
     if config.sync:  # the chief alone applies the step's aggregates
         _check_server_writes_follow_gradients(analysis, server_writes)
-        _check_no_conditional_server_writes(analysis, server_writes)
+        _check_no_server_writes_in_loops(analysis, server_writes)
         _check_writes_on_one_side(analysis, variables, extra_state_servers)
     elif run_option == "AR":
         raise ParallaxError(
@@ -331,7 +331,7 @@ def _check_server_writes_follow_gradients(analysis, server_writes) -> None:
 _CONDITIONALS = ("If", "StatelessIf")
 
 
-def _check_no_conditional_server_writes(analysis, server_writes) -> None:
+def _check_no_server_writes_in_loops(analysis, server_writes) -> None:
     """Updates of server variables inside a while loop (or another function call than tf.cond)
     are refused: the chief would apply them a varying number of times in one step."""
     for name in server_writes:
