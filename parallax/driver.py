@@ -42,18 +42,17 @@ def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:
     said = []
     unsynchronized = plan.unsynchronized_batch_norms
     if unsynchronized:
-        named = ", ".join(map(repr, unsynchronized[:3])) + (", ..." if len(unsynchronized) > 3
-                                                           else "")
         said.append(
-            f"sync_batch_norm=False: {len(unsynchronized)} batch norm(s) ({named}) normalize "
+            f"sync_batch_norm=False: {len(unsynchronized)} batch norm(s) "
+            f"({_first_three(map(repr, unsynchronized))}) normalize "
             f"each worker's own batch, 1/{plan.num_workers} of the combined one, so the model "
             "does not train as on one device; leave sync_batch_norm unset to combine their "
             "statistics")
     unclear = analysis.unclear_counters
     if unclear:
-        named = ", ".join(f"{variable!r} ({write!r})" for write, variable in unclear[:3])
+        named = _first_three(f"{variable!r} ({write!r})" for write, variable in unclear)
         said.append(
-            f"{len(unclear)} assign_add(s) add to {named}{', ...' if len(unclear) > 3 else ''} "
+            f"{len(unclear)} assign_add(s) add to {named} "
             "a value of each worker's own data that is neither a sum over the batch (summed "
             "over workers, as one device counts) nor a per-step value: averaged over workers. "
             "If one counts the batch's examples, compute it with tf.reduce_sum or tf.size over "
@@ -99,6 +98,11 @@ def _shards_change(graph: tf.Graph, decision: Decision) -> bool:
     they made in the driver's graph (the workers' graph code reads the decision's)."""
     made = partitioned_variables(graph)
     return any(count != len(made[call].shards) for call, _, count in decision.partitions)
+
+
+def _first_three(names) -> str:
+    names = list(names)
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,

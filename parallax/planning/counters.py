@@ -83,7 +83,7 @@ def increment_kind(write: tf.Operation, from_data: Set[str], batch_sizes: Set[in
         kinds = [kind(t) for t in op.inputs if t.op.name in from_data]
         if (op.type in _DIVIDING and kinds == [Increment.COUNT]
                 and op.inputs[0].op.name in from_data
-                and counts_fixed_batch(static_value(op.inputs[1]))):
+                and counts_fixed_batch(op.inputs[1])):
             return Increment.PER_STEP  # a count over the batch's size: a batch's mean
         if op.type in _SCALING and len(kinds) == 1:  # scaled by what every worker has alike
             return kinds[0]
@@ -93,14 +93,17 @@ def increment_kind(write: tf.Operation, from_data: Set[str], batch_sizes: Set[in
             return kinds[0]
         return Increment.UNCLEAR
 
-    def counts_fixed_batch(value) -> bool:
+    def counts_fixed_batch(tensor: tf.Tensor) -> bool:
+        if not any(b > 1 for b in batch_sizes):  # no fixed batch: nothing to evaluate
+            return False
+        value = static_value(tensor)
         values = np.ravel(value) if value is not None else np.zeros([0])
         return values.size > 0 and values.dtype != object and all(
             v > 0 and v == int(v) and batch_axis(int(v)) for v in values)
 
     increment = write.inputs[1]
     if increment.op.name not in from_data:  # tf.size of a batch of fixed shape is a constant
-        return (Increment.COUNT if counts_fixed_batch(static_value(increment))
+        return (Increment.COUNT if counts_fixed_batch(increment)
                 else Increment.PER_STEP)
     return kind(increment)
 
