@@ -122,19 +122,15 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
-    ports = {}
-    for host in hosts:
-        try:
-            if with_servers:
-                ports[host.name] = _ports(host.name, 1 + len(host.slots), config, ssh)
-            elif not is_local(host.name):  # reached over ssh now, before anything starts
-                remote_free_ports(host.name, 0, ssh)
-        except HostUnreachable as error:
-            raise ParallaxError(f"{host.where}: {error}") from None
     if with_servers:
+        ports = _ports(hosts, config, ssh)
         cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts]
         cluster.workers = [f"{host.name}:{ports[host.name][1 + host.slots.index(slot)]}"
                            for _, host, slot in slots]
+    else:
+        for host in hosts:
+            if not is_local(host.name):
+                _remote_free_ports(host, 0, ssh)  # reached over ssh now, before anything starts
     if config.redirect_path:
         os.makedirs(config.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -165,12 +161,31 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
                       pause_limit=config.heartbeat_timeout_secs / 2)
 
 
-def _ports(host: str, count: int, config: Config, ssh: SSHConfig) -> List[int]:
-    """Ports for a host's server and workers: consecutive from config.base_port when set, else
-    free ones (asked on the host itself when it is remote)."""
+def _ports(hosts: List[Host], config: Config, ssh: SSHConfig) -> Dict[str, List[int]]:
+    """Ports for each host's server and workers: consecutive from config.base_port when set,
+    else free ones, asked on the host itself when it is remote. The local hosts (127.0.0.x)
+    get theirs in one draw: their servers all listen on every address of this machine, so two
+    draws could hand the same port to two of them."""
+    counts = {host.name: 1 + len(host.slots) for host in hosts}
     if config.base_port:
-        return list(range(config.base_port, config.base_port + count))
-    return free_ports(count) if is_local(host) else remote_free_ports(host, count, ssh)
+        return {name: list(range(config.base_port, config.base_port + count))
+                for name, count in counts.items()}
+    ports = {}
+    local = [name for name in counts if is_local(name)]
+    drawn = iter(free_ports(sum(counts[name] for name in local)))
+    for name in local:
+        ports[name] = [next(drawn) for _ in range(counts[name])]
+    for host in hosts:
+        if not is_local(host.name):
+            ports[host.name] = _remote_free_ports(host, counts[host.name], ssh)
+    return ports
+
+
+def _remote_free_ports(host: Host, count: int, ssh: SSHConfig) -> List[int]:
+    try:
+        return remote_free_ports(host.name, count, ssh)
+    except HostUnreachable as error:
+        raise ParallaxError(f"{host.where}: {error}") from None
 
 
 def _address_towards(host: Host) -> str:

@@ -3,6 +3,7 @@ no process left behind whatever happens."""
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,9 @@ import psutil
 import pytest
 
 from conftest import REPO, WORKLOADS, run_job
+from parallax import Config, launch
+from runner import load_resources
+from runner.ssh import SSHConfig
 
 pytestmark = pytest.mark.job
 
@@ -273,3 +277,16 @@ def test_a_port_another_process_holds_is_named(tmp_path):
     assert result.returncode != 0
     assert f"worker 0 cannot listen on localhost:{worker_port}: another process holds the " \
            "port" in result.stdout + result.stderr
+
+
+def test_local_machines_never_share_a_port(monkeypatch):
+    """127.0.0.1 and 127.0.0.2 are two machines to Parallax but one kernel, where every
+    server listens on all addresses: their ports are drawn together (CI once failed when two
+    separate draws gave a worker of each the same port). Without shuffling, separate draws
+    would repeat exactly."""
+    monkeypatch.setattr(random, "shuffle", lambda items: None)
+    hosts = load_resources("127.0.0.1:0,1;127.0.0.2:0,1;127.0.0.3:0")
+    ports = launch._ports(hosts, Config(), SSHConfig())
+    assert [len(ports[host.name]) for host in hosts] == [3, 3, 2]
+    drawn = [port for host in hosts for port in ports[host.name]]
+    assert len(set(drawn)) == len(drawn)
