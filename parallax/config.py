@@ -142,6 +142,10 @@ class Config:
         input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a
         new session would start those over.
+    warn_unsharded_input: at its first training step each worker reports a digest of what
+        it read (tf.data, input queues, fed data; not settings such as a fed rate), and when
+        every worker read the same, the driver says so once: a dataset nobody sharded trains
+        on N copies of one batch. False for jobs that mean it.
     export_graph_path: a folder where each worker writes the graph it runs, rewritten
         (workerN.pbtxt, and a TensorBoard event file in the folder workerN), and the chief the
         single-device graph it was given (single_device.pbtxt, single_device/).
@@ -169,6 +173,7 @@ class Config:
     export_graph_path: Optional[str] = None
     sync: bool = True
     trial_steps: int = 10
+    warn_unsharded_input: bool = True
 
     def __post_init__(self):
         option = str(self.run_option).upper()

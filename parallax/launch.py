@@ -22,6 +22,7 @@ from parallax import contracts
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
+from parallax.runtime import input_check
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
 from runner.control import ControlServer
 from runner.free_ports import free_ports
@@ -157,8 +158,24 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
         stack.callback(display.close)
         # Paused for half the timeout, the driver may have missed beats of processes that
         # then stopped themselves: too long to go on as if nothing happened.
-        run_processes(specs, watchdog=control.check, write=display.write_line,
+        run_processes(specs, watchdog=_watchdog(control, config), write=display.write_line,
                       pause_limit=config.heartbeat_timeout_secs / 2)
+
+
+def _watchdog(control: ControlServer, config: Config):
+    """control.check, which says why the job must stop; and, once, the warning of workers
+    that all read the same input (runtime/input_check.py)."""
+    warned = not config.warn_unsharded_input
+
+    def check(exited):
+        nonlocal warned
+        if not warned:
+            same = control.identical_digests()
+            if same:
+                warned = True
+                say(input_check.warning(same, len(control.workers)))
+        return control.check(exited)
+    return check
 
 
 def _ports(hosts: List[Host], config: Config, ssh: SSHConfig) -> Dict[str, List[int]]:

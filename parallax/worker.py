@@ -158,7 +158,8 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
                 if config.profile_config and first else None)
     return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
                           cluster.worker_id, describe(plan), checkpointer,
-                          analysis.training_writes, heartbeat, synchronization, profiler)
+                          analysis.training_writes, heartbeat, synchronization, profiler,
+                          check_input=config.warn_unsharded_input)
 
 
 def _export_graph(graph: tf.Graph, path: str, name: str) -> None:

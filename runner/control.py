@@ -6,7 +6,9 @@ job is stopped, naming it), how far each worker is (a job whose workers sit in a
 not end is a deadlock: the job is stopped, naming the workers that are behind), what each worker
 did that all must do at the same point of their steps (a restore from a checkpoint: a worker
 that trains on without it no longer trains the same model, and the job is stopped, naming both),
-and what the user asked to report (a loss), for its progress bar and metrics file. A process
+what the user asked to report (a loss), for its progress bar and metrics file, and digests of
+values each worker saw that the driver compares across workers (its first step's input: all
+equal is a dataset nobody sharded). A process
 whose driver stops answering (killed, paused, or on the other side of a partition) stops itself
 within the heartbeat timeout; its watchdog process (runner/watchdog.py) kills it if it cannot,
 so nothing outlives its job on any host.
@@ -57,6 +59,7 @@ from runner.process import GRACE_SECONDS  # noqa: E402
 CONTROL_ENV = "PARALLAX_CONTROL"  # JSON: address, job, name, timeout, key (Heartbeat.from_env)
 _BEAT = "/parallax.Control/Beat"
 MAX_MESSAGE_BYTES = 64 * 1024  # a beat is a few hundred bytes; marks and scalars add little
+MAX_DIGESTS = 64
 _MAC_BYTES = hashlib.sha256().digest_size
 _UNSIGNED = bytes(_MAC_BYTES)  # the MAC of a refusal to a client not of the job
 SERVER_OPTIONS = [
@@ -113,9 +116,13 @@ class Progress:
     # What the process did that every worker must do at the same point: what -> after how many
     # of its steps, each time it did it (since the process started, like `steps`).
     marks: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
+    # Digests of values the process saw, by name, sent once (ControlServer.identical_digests).
+    digests: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def add(self, other: "Progress") -> None:
-        """Count `other`'s new steps, their time and its scalars in this one too."""
+        """Count `other`'s new steps, their time and its scalars in this one too (and take
+        its digests, when this one has none)."""
+        self.digests = self.digests or other.digests
         self.new_steps += other.new_steps
         self.step_seconds += other.step_seconds
         for name, (value, count) in other.scalars.items():
@@ -140,6 +147,10 @@ class Progress:
         _expect(isinstance(progress.marks, dict) and all(
             isinstance(at, list) and all(_count(step) for step in at)
             for at in progress.marks.values()), "marks: not name: [steps]")
+        _expect(isinstance(progress.digests, dict) and len(progress.digests) <= MAX_DIGESTS
+                and all(isinstance(name, str) and len(name) <= 200 and isinstance(digest, str)
+                        and len(digest) <= 64 for name, digest in progress.digests.items()),
+                "digests: not name: digest")
         progress.step_seconds = float(progress.step_seconds)
         progress.scalars = {name: [float(value), count]
                             for name, (value, count) in progress.scalars.items()}
@@ -178,6 +189,7 @@ class _Status:
     progress: Progress = dataclasses.field(default_factory=Progress)  # the latest
     since_taken: Progress = dataclasses.field(default_factory=Progress)  # summed since then
     sequence: int = 0  # of its last beat: a beat numbered no higher is a replay
+    digests: Dict[str, str] = dataclasses.field(default_factory=dict)  # as first reported
 
     def shift(self, seconds: float, now: float) -> None:
         """Its times `seconds` later (no later than now): the driver was not running then."""
@@ -248,6 +260,8 @@ class ControlServer:
                 status.exiting_since = status.last_beat
             if beat.get("progress") is not None:
                 progress = status.progress = beat["progress"]
+                if progress.digests and not status.digests:
+                    status.digests = progress.digests
                 status.since_taken.steps = progress.steps
                 status.since_taken.add(progress)
         return _signed(self.key, b"answer", {"ok": True, "sequence": beat["sequence"]})
@@ -290,6 +304,16 @@ class ControlServer:
             for name, progress in taken.items():
                 self._status[name].since_taken = Progress(steps=progress.steps)
         return taken
+
+    def identical_digests(self) -> Optional[List[str]]:
+        """The names of the digests every worker reported, when there are several workers,
+        all have reported the same names, and each name's digest is the same on all; else
+        None."""
+        with self._lock:
+            reported = [self._status[name].digests for name in self.workers]
+        if len(reported) < 2 or not reported[0] or any(d != reported[0] for d in reported):
+            return None
+        return sorted(reported[0])
 
     def check(self, exited=frozenset()) -> Optional[str]:
         """Why the job must be stopped now, or None: a process that stopped beating (of those
@@ -402,6 +426,7 @@ class Heartbeat:
         self._progress = Progress()
         self._run_started: Optional[float] = None
         self._exit_announced = False
+        self.digests_reported = False
         self._refusal: Optional[str] = None  # the last unsigned refusal, for the stop's reason
         # Started before grpc's channel: grpc's threads and a fork do not mix (see above).
         self._watchdog = _start_watchdog(timeout + GRACE_SECONDS + 1, name)
@@ -461,6 +486,14 @@ class Heartbeat:
                 total = self._progress.scalars.setdefault(name, [0.0, 0])
                 total[0] += float(value)
                 total[1] += 1
+
+    def report_digests(self, digests: Dict[str, str]) -> None:
+        """Digests of values this process saw (hex, by name), for the driver to compare with
+        the other workers'; only the first report counts."""
+        with self._lock:
+            if not self.digests_reported:
+                self.digests_reported = True
+                self._progress.digests = dict(digests)
 
     def announce_exit(self) -> None:
         """Tell the driver when this process starts exiting (it stops beating, and may take a

@@ -380,6 +380,40 @@ def test_a_beat_is_answered_signed_for_its_sequence():
         control.stop()
 
 
+def test_digests_equal_on_every_worker_are_found_once_all_reported():
+    """The first digests a worker reports count (the first training step's input); a job
+    whose workers read different inputs, or one worker, has none in common."""
+    workers = ["h:worker:0", "h:worker:1", "h:worker:2"]
+    control = _job(workers + ["h:server:0"], workers)
+    try:
+        same = {"tf.data IteratorGetNext:0": "ab" * 16, "feed x:0": "cd" * 16}
+        for sequence, name in enumerate(workers[:2], start=1):
+            assert _answer(control, _beat(control, sequence, name, progress={
+                "digests": same}))["ok"]
+            assert control.identical_digests() is None  # not every worker has said
+        _answer(control, _beat(control, 3, workers[2], progress={"digests": same}))
+        assert control.identical_digests() == sorted(same)
+        _answer(control, _beat(control, 4, workers[2], progress={
+            "digests": {**same, "feed x:0": "ef" * 16}}))  # a later report changes nothing
+        assert control.identical_digests() == sorted(same)
+    finally:
+        control.stop()
+    control = _job(workers, workers)
+    try:
+        for sequence, name in enumerate(workers, start=1):
+            _answer(control, _beat(control, sequence, name, progress={
+                "digests": {"feed x:0": f"{sequence:032x}"}}))
+        assert control.identical_digests() is None
+    finally:
+        control.stop()
+    control = _job(workers[:1], workers[:1])
+    try:
+        _answer(control, _beat(control, 1, progress={"digests": same}))
+        assert control.identical_digests() is None
+    finally:
+        control.stop()
+
+
 def test_forged_and_replayed_beats_are_refused_logged_and_change_nothing():
     logged = []
     control = ControlServer(uuid.uuid4().hex, ["h:worker:0"], ["h:worker:0"], 2.0, 60.0,
@@ -419,6 +453,10 @@ WRONG_BEATS = [
     {"sequence": 2, "progress": {"scalars": []}},
     {"sequence": 2, "progress": {"marks": {"restored": ["x"]}}},
     {"sequence": 2, "progress": {"marks": {"restored": 3}}},
+    {"sequence": 2, "progress": {"digests": ["x"]}},
+    {"sequence": 2, "progress": {"digests": {"feed x:0": 3}}},
+    {"sequence": 2, "progress": {"digests": {"feed x:0": "f" * 65}}},
+    {"sequence": 2, "progress": {"digests": {str(i): "f" for i in range(65)}}},
 ]
 
 

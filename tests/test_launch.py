@@ -290,3 +290,52 @@ def test_local_machines_never_share_a_port(monkeypatch):
     assert [len(ports[host.name]) for host in hosts] == [3, 3, 2]
     drawn = [port for host in hosts for port in ports[host.name]]
     assert len(set(drawn)) == len(drawn)
+
+
+UNSHARDED = """
+import sys
+import numpy as np
+import tensorflow as tf
+import parallax
+
+shard_dataset, own_rows, silence = (arg == "1" for arg in sys.argv[1:4])
+tf.compat.v1.disable_eager_execution()
+data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+graph = tf.Graph()
+with graph.as_default():
+    dataset = tf.data.Dataset.from_tensor_slices(data)
+    if shard_dataset:
+        dataset = parallax.shard(dataset)
+    read = tf.compat.v1.data.make_one_shot_iterator(dataset.repeat().batch(8)).get_next()
+    fed = tf.compat.v1.placeholder(tf.float32, [None, 4], name="fed_rows")
+    rate = tf.compat.v1.placeholder(tf.float32, [], name="rate")
+    w = tf.compat.v1.get_variable("w", [4, 1])
+    loss = tf.reduce_mean(tf.matmul(read, w)) + tf.reduce_mean(tf.matmul(fed, w))
+    train = tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss)
+runner = parallax.get_runner(graph, "localhost:0,1",
+                             parallax.Config(run_option="AR", warn_unsharded_input=not silence))
+for step in range(20):
+    rows = data[8 * runner.worker_id:8 * runner.worker_id + 8] if own_rows else data[:8]
+    runner.run(train, feed_dict={fed: rows, rate: 0.01})
+"""
+
+
+@pytest.mark.parametrize("shard_dataset,own_rows,silence,warned", [
+    ("0", "0", "0", ["tf.data 'IteratorGetNext'", "feed 'fed_rows'"]),
+    ("1", "1", "0", []), ("1", "0", "0", []), ("0", "0", "1", [])],
+    ids=["unsharded", "sharded", "sharded-dataset-same-feed", "silenced"])
+def test_workers_that_all_read_the_same_input_are_told_once(tmp_path, shard_dataset,
+                                                            own_rows, silence, warned):
+    """The newcomer's mistake (a tutorial run without its sharding line trained on copies of
+    one batch, silently): said once by the driver, naming the inputs, not the fed rate. An
+    input any worker reads differently is taken as sharded."""
+    script = tmp_path / "unsharded.py"
+    script.write_text(UNSHARDED)
+    result = run_job(str(script), shard_dataset, own_rows, silence, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "read the same input" in line]
+    assert len(said) == (1 if warned else 0), said
+    if warned:
+        assert said[0].startswith("[driver] parallax: every worker read the same input")
+        assert all(name in said[0] for name in warned) and "'rate'" not in said[0]
+        assert "parallax.shard(dataset)" in said[0] and "2 copies of one batch" in said[0]

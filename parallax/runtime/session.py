@@ -18,6 +18,7 @@ from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
+from parallax.runtime import input_check
 from parallax.runtime.steps import Steps
 
 log = logging.getLogger("parallax")
@@ -36,7 +37,7 @@ class ParallaxRunner(tf_private.SessionInterface):
 
     def __init__(self, graphs: GraphMap, session: tf.compat.v1.Session, num_workers: int,
                  worker_id: int, description: str, checkpointer=None, training_writes=(),
-                 heartbeat=None, synchronization=None, profiler=None):
+                 heartbeat=None, synchronization=None, profiler=None, check_input=False):
         self._graphs = graphs
         graph = graphs.copy
         self._profiler = profiler  # parallax.runtime.profile.Profiler: which runs to trace
@@ -58,6 +59,8 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._local_initializers = _local_initializer_names(graph)
         self._skipped_initializers: Dict[str, tf.Operation] = {}
         self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
+        # Digests of the first training step's input go to the driver (runtime/input_check.py).
+        self._check_input = check_input and heartbeat is not None and num_workers > 1
         self._busy = False  # in a run or a save: a SIGTERM waits for its end
         self._stop_requested = False
         self._previous_sigterm = None
@@ -122,6 +125,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         feeds = None if feed_dict is None else {
             self._graphs.find(self._element(key, "feed key")): value
             for key, value in feed_dict.items()}
+        checked = self._inputs_to_check(mapped, feeds)
         traced = False
         if self._profiler is not None:
             options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
@@ -130,8 +134,10 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._busy, training, restore, scalars = True, False, False, {}
         try:
             started = time.perf_counter()
-            (values, scalar_values), training, restore = self._steps.run(
-                self.session, (mapped, reported), feeds, options, run_metadata)
+            (values, scalar_values, input_values), training, restore = self._steps.run(
+                self.session, (mapped, reported, checked), feeds, options, run_metadata)
+            if training and (checked or feeds):
+                self._report_inputs(checked, input_values, feeds)
             result = build(values)
             self.last_run = (training, time.perf_counter() - started)
             if traced:
@@ -147,6 +153,24 @@ class ParallaxRunner(tf_private.SessionInterface):
             if self._stop_requested:
                 self._save_and_exit()
         return result
+
+    def _inputs_to_check(self, fetches, feeds) -> List[tf.Tensor]:
+        """What the step's input ops give, while this worker has not reported its input."""
+        if not self._check_input or self._heartbeat.digests_reported:
+            return []
+        user_ops = {op.name for op in self.graph.get_operations()
+                    if op.type in input_check.INPUT_OP_TYPES}
+        return input_check.step_inputs([getattr(f, "op", f) for f in fetches], set(feeds or {}),
+                                       user_ops)
+
+    def _report_inputs(self, tensors, values, feeds) -> None:
+        if not self._check_input or self._heartbeat.digests_reported:
+            return
+        named = {input_check.name_of(t, fed=False): v for t, v in zip(tensors, values)}
+        named.update({input_check.name_of(t, fed=True): v
+                      for t, v in input_check.fed_data(feeds or {}).items()})
+        if named:
+            self._heartbeat.report_digests(input_check.digests(named))
 
     def close(self) -> None:
         """Save a last checkpoint (when configured) and close the session."""

@@ -1,0 +1,85 @@
+"""The classic mistake caught: a job whose workers all read the same input (nobody sharded the
+dataset) trains on N copies of one batch, and nothing fails. At its first training step each
+worker reports a digest of every data input of the step — what its tf.data iterators and input
+queues gave, and what it fed, but not a setting (a fed rate, is_training) — and the driver says
+so once when every worker's are equal (`warning`, runner.control.identical_digests)."""
+from __future__ import annotations
+
+import hashlib
+from typing import Collection, Dict, Iterable, List
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.planning.analysis import is_setting
+
+# The ops that give a step its examples: a tf.data iterator's next element, a queue's dequeue
+# (shuffle_batch, batch); Parallax's own queues are not in the user's graph.
+INPUT_OP_TYPES = frozenset({
+    "IteratorGetNext", "IteratorGetNextSync", "QueueDequeue", "QueueDequeueV2",
+    "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2"})
+
+
+def step_inputs(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
+                user_ops: Collection[str]) -> List[tf.Tensor]:
+    """The outputs of the input ops (of the user's graph, named in `user_ops`) that a run of
+    `ops` runs, not looking behind fed tensors."""
+    found, seen, stack = [], set(), list(ops)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in INPUT_OP_TYPES and op.name in user_ops:
+            found.extend(op.outputs)
+            continue
+        stack.extend(t.op for t in op.inputs if t not in fed)
+        stack.extend(op.control_inputs)
+    return sorted(found, key=lambda t: t.name)
+
+
+def fed_data(feeds: Dict[tf.Tensor, object]) -> Dict[tf.Tensor, object]:
+    """The fed values that are data, not settings (a rate, is_training: one value)."""
+    return {tensor: value for tensor, value in feeds.items()
+            if not (is_setting(tensor.op) or np.ndim(value) == 0)}
+
+
+def digests(values: Dict[str, object]) -> Dict[str, str]:
+    """name -> a digest of the value (its dtype, shape and bytes)."""
+    return {name: _digest(value) for name, value in values.items()}
+
+
+def _digest(value) -> str:
+    array = np.asarray(value)
+    digest = hashlib.blake2b(f"{array.dtype}{array.shape}".encode(), digest_size=16)
+    if array.dtype == object:  # strings
+        for item in array.ravel():
+            digest.update(item if isinstance(item, bytes) else str(item).encode())
+            digest.update(b"\0")
+    else:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def name_of(tensor: tf.Tensor, fed: bool) -> str:
+    """How a digest is named: the kind of input, then the tensor."""
+    kind = ("feed" if fed else "tf.data" if tensor.op.type.startswith("IteratorGetNext")
+            else "queue")
+    return f"{kind} {tensor.name}"
+
+
+def warning(names: List[str], workers: int) -> str:
+    """What the driver says when the `workers` read the same input at their first step; the
+    digests' `names` (name_of) are shown by op."""
+    ops = list(dict.fromkeys(
+        f"{kind} {tensor.rsplit(':', 1)[0]!r}" for kind, _, tensor in
+        (name.partition(" ") for name in names)))
+    shown = ", ".join(ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
+    return (f"every worker read the same input at its first training step ({shown}: equal on "
+            f"all {workers} workers). The job trains on {workers} copies of one batch, not on "
+            f"{workers} different batches as one device would on the combined batch. Shard "
+            "the input: dataset = parallax.shard(dataset) for tf.data; num_shards, shard_id = "
+            "parallax.num_shards_and_shard_id() to pick each worker's files or rows in the "
+            "graph; with feed_dict, feed each worker its own rows (runner.worker_id of "
+            "runner.num_workers). Config(warn_unsharded_input=False) "
+            "silences this for a job that means it")
