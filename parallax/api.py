@@ -1,15 +1,17 @@
 """The two calls a user makes: `shard(dataset)` and `get_runner(graph, resources, config)`."""
 from __future__ import annotations
 
+import dataclasses
+import sys
 from typing import Optional, Tuple, Union
 
 import tensorflow as tf
 
 from parallax import contracts, driver, worker
-from parallax.config import Config
+from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
-from parallax.runtime import monitored
+from parallax.runtime import monitored, recording
 
 
 def shard(dataset):
@@ -58,9 +60,32 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     if not isinstance(graph, tf.Graph):
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
+    resources, config = _verifying(resources, config)
     if contracts.role() == "driver":
+        if _one_device_run():
+            return recording.ReplayRunner(graph, analysis, contracts.read_verify_run())
         driver.run(graph, analysis, resources, config)
     return worker.start(graph, analysis, config)
+
+
+def _verifying(resources: str, config: Config) -> Tuple[str, Config]:
+    """The resources and config of the script's job, as parallax.verify runs it: on verify's
+    resources, writing no checkpoint; with Config(verify_steps=N) the driver runs
+    parallax.verify on the script instead (and exits with its status)."""
+    run = contracts.read_verify_run()
+    if run is not None:
+        return run.resources or resources, dataclasses.replace(
+            config, ckpt_config=CheckpointConfig(), max_restarts=0, verify_steps=0)
+    if config.verify_steps and contracts.role() == "driver":
+        from parallax import verify  # pylint: disable=import-outside-toplevel  (a cycle)
+
+        sys.exit(verify.verify(sys.argv[0], sys.argv[1:], resources, config.verify_steps))
+    return resources, config
+
+
+def _one_device_run() -> bool:
+    run = contracts.read_verify_run()
+    return run is not None and run.phase == contracts.ONE_DEVICE
 
 
 def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (TensorFlow's name)
@@ -85,7 +110,14 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
     config = config or Config()
     graph = tf.compat.v1.get_default_graph()
     analysis = analyze(graph)
+    resources, config = _verifying(resources, config)
+    if contracts.read_verify_run() is not None:  # the user's checkpoints and summaries stay
+        arguments.update(save_checkpoint_steps=None, save_checkpoint_secs=None,
+                         save_summaries_steps=None, save_summaries_secs=None)
     if contracts.role() == "driver":
+        if _one_device_run():
+            return monitored.monitored_session(recording.ReplayRunner(
+                graph, analysis, contracts.read_verify_run()), **arguments)
         driver.run(graph, analysis, resources, config, needs_horovod=True)
     runner = worker.start(graph, analysis, config, needs_horovod=True)
     return monitored.monitored_session(runner, any_worker_stops=monitored.horovod_any(),

@@ -146,6 +146,10 @@ class Config:
         it read (tf.data, input queues, fed data; not settings such as a fed rate), and when
         every worker read the same, the driver says so once: a dataset nobody sharded trains
         on N copies of one batch. False for jobs that mean it.
+    verify_steps: when set, the script's job does not train: parallax.verify runs the script
+        (the command line it was started with) for this many training steps distributed and
+        on one device on the same combined batches, prints how far each variable is from one
+        device's, and the driver exits with its status (0: PASS, 1: FAIL, 2: not compared).
     export_graph_path: a folder where each worker writes the graph it runs, rewritten
         (workerN.pbtxt, and a TensorBoard event file in the folder workerN), and the chief the
         single-device graph it was given (single_device.pbtxt, single_device/).
@@ -174,6 +178,7 @@ class Config:
     sync: bool = True
     trial_steps: int = 10
     warn_unsharded_input: bool = True
+    verify_steps: int = 0
 
     def __post_init__(self):
         option = str(self.run_option).upper()
@@ -204,5 +209,8 @@ class Config:
                 0 < self.trial_steps < 3):
             raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (two steps to "
                              f"warm up, then timed ones), got {self.trial_steps!r}")
+        if not isinstance(self.verify_steps, int) or self.verify_steps < 0:
+            raise ValueError(f"verify_steps must be a whole number of training steps (0: "
+                             f"train, do not verify), got {self.verify_steps!r}")
         if not isinstance(self.ps_config, PSConfig):
             raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")

@@ -28,6 +28,30 @@ PLAN_ENV = "PARALLAX_PLAN"  # [Plan.to_text()] made once by the driver; AUTO's t
 PARTITIONS_ENV = "PARALLAX_PARTITIONS"  # {call: shards} for parallax.get_partitioner's calls
 
 
+DISTRIBUTED, ONE_DEVICE = "distributed", "one device"  # VerifyRun.phase
+VERIFY_ENV = "PARALLAX_VERIFY"  # VerifyRun as JSON: `python -m parallax.verify`'s run of a script
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyRun:
+    """What parallax.verify asks of the script it runs: in `phase` "distributed", the job on
+    `resources` records its first `steps` training steps in `folder` and stops; in "one device",
+    the script's loop replays them on one device (runtime/recording.py)."""
+    folder: str
+    steps: int
+    phase: str  # "distributed" or "one device"
+    resources: str = ""  # the distributed run's, in place of the script's
+    workers: int = 0  # the one-device run's parallax.num_workers(): the distributed run's
+
+    def to_env(self) -> Dict[str, str]:
+        return {VERIFY_ENV: json.dumps(dataclasses.asdict(self))}
+
+
+def read_verify_run() -> Optional[VerifyRun]:
+    text = os.environ.get(VERIFY_ENV)
+    return VerifyRun(**json.loads(text)) if text else None
+
+
 def role() -> str:
     return os.environ.get(ROLE_ENV, "driver")
 

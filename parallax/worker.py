@@ -25,7 +25,7 @@ from parallax.planning.plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
 from parallax.rewriting.pipeline import transform
 from parallax.rewriting.split_variables import copy_and_split
-from parallax.runtime import trials
+from parallax.runtime import recording, trials
 from parallax.runtime.checkpoint import Checkpointer
 from parallax.runtime.grpc_server import start_server
 from parallax.runtime.profile import Profiler
@@ -40,7 +40,8 @@ _run_indices = itertools.count()  # this process's get_runner calls: each gets f
 def count_and_id() -> Tuple[int, int]:
     """(number of workers, this worker's id); (1, 0) in a process that is not a worker."""
     if contracts.role() != "worker":
-        return 1, 0
+        verify_run = contracts.read_verify_run()  # one device on the workers' batches
+        return (verify_run.workers, 0) if verify_run and verify_run.workers else (1, 0)
     cluster = contracts.read_cluster()
     return cluster.num_workers, cluster.worker_id
 
@@ -108,9 +109,12 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     # AUTO's trials time the alternatives first and the cost model's choice last: where it
     # wins (on slow links, where moving the state costs most) no switch back is needed.
     plans = plans[1:] + plans[:1]
-    runners = [_runner(user_graph, *plans[0], config, cluster, heartbeat, first=True)]
+    verify_run = contracts.read_verify_run()
+    recorder = (recording.Recorder(verify_run, cluster.worker_id)
+                if verify_run is not None else None)  # one for all the plans AUTO times
+    runners = [_runner(user_graph, *plans[0], config, cluster, heartbeat, recorder, first=True)]
     started = time.perf_counter()
-    runners += [_runner(user_graph, *plan, config, cluster, heartbeat, first=False)
+    runners += [_runner(user_graph, *plan, config, cluster, heartbeat, recorder, first=False)
                 for plan in plans[1:]]
     build_seconds = time.perf_counter() - started
     if cluster.is_chief:
@@ -134,7 +138,8 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
 
 
 def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan: Plan,
-            config: Config, cluster: Cluster, heartbeat, first: bool) -> ParallaxRunner:
+            config: Config, cluster: Cluster, heartbeat, recorder, first: bool
+            ) -> ParallaxRunner:
     """The runner of one plan: its copy rewritten, a session of it, its variables initialized
     (the chief restores the latest checkpoint for the `first` plan: AUTO's trials carry the
     state on to the others)."""
@@ -159,7 +164,7 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
                           cluster.worker_id, describe(plan), checkpointer,
                           analysis.training_writes, heartbeat, synchronization, profiler,
-                          check_input=config.warn_unsharded_input)
+                          check_input=config.warn_unsharded_input, recorder=recorder)
 
 
 def _export_graph(graph: tf.Graph, path: str, name: str) -> None:

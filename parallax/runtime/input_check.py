@@ -6,7 +6,7 @@ so once when every worker's are equal (`warning`, runner.control.identical_diges
 from __future__ import annotations
 
 import hashlib
-from typing import Collection, Dict, Iterable, List
+from typing import Collection, Dict, Iterable, List, Set
 
 import numpy as np
 import tensorflow as tf
@@ -20,22 +20,27 @@ INPUT_OP_TYPES = frozenset({
     "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2"})
 
 
-def step_inputs(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
-                user_ops: Collection[str]) -> List[tf.Tensor]:
-    """The outputs of the input ops (of the user's graph, named in `user_ops`) that a run of
-    `ops` runs, not looking behind fed tensors."""
-    found, seen, stack = [], set(), list(ops)
+def reached(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor]) -> Set[tf.Operation]:
+    """The ops a run of `ops` runs: they and what they wait for, not looking behind the fed
+    tensors."""
+    seen, stack = set(), list(ops)
     while stack:
         op = stack.pop()
         if op in seen:
             continue
         seen.add(op)
-        if op.type in INPUT_OP_TYPES and op.name in user_ops:
-            found.extend(op.outputs)
-            continue
         stack.extend(t.op for t in op.inputs if t not in fed)
         stack.extend(op.control_inputs)
-    return sorted(found, key=lambda t: t.name)
+    return seen
+
+
+def step_inputs(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
+                user_ops: Collection[str]) -> List[tf.Tensor]:
+    """The outputs of the input ops (of the user's graph, named in `user_ops`) that a run of
+    `ops` runs."""
+    return sorted((t for op in reached(ops, fed)
+                   if op.type in INPUT_OP_TYPES and op.name in user_ops for t in op.outputs),
+                  key=lambda t: t.name)
 
 
 def fed_data(feeds: Dict[tf.Tensor, object]) -> Dict[tf.Tensor, object]:
@@ -62,10 +67,17 @@ def _digest(value) -> str:
 
 
 def name_of(tensor: tf.Tensor, fed: bool) -> str:
-    """How a digest is named: the kind of input, then the tensor."""
-    kind = ("feed" if fed else "tf.data" if tensor.op.type.startswith("IteratorGetNext")
-            else "queue")
+    """How a value of the step's input is named: its kind, then the tensor."""
+    op_type = tensor.op.type
+    kind = ("feed" if fed else "tf.data" if op_type.startswith("IteratorGetNext")
+            else "queue" if op_type in INPUT_OP_TYPES else "random")
     return f"{kind} {tensor.name}"
+
+
+def data_digests(named: Dict[str, object]) -> Dict[str, str]:
+    """Digests of the step's data inputs (name_of): not its random draws, which differ."""
+    return digests({name: value for name, value in named.items()
+                    if not name.startswith("random ")})
 
 
 def warning(names: List[str], workers: int) -> str:

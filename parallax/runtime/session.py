@@ -18,7 +18,7 @@ from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
-from parallax.runtime import input_check
+from parallax.runtime import input_check, recording
 from parallax.runtime.steps import Steps
 
 log = logging.getLogger("parallax")
@@ -37,7 +37,8 @@ class ParallaxRunner(tf_private.SessionInterface):
 
     def __init__(self, graphs: GraphMap, session: tf.compat.v1.Session, num_workers: int,
                  worker_id: int, description: str, checkpointer=None, training_writes=(),
-                 heartbeat=None, synchronization=None, profiler=None, check_input=False):
+                 heartbeat=None, synchronization=None, profiler=None, check_input=False,
+                 recorder=None):
         self._graphs = graphs
         graph = graphs.copy
         self._profiler = profiler  # parallax.runtime.profile.Profiler: which runs to trace
@@ -61,6 +62,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
         # Digests of the first training step's input go to the driver (runtime/input_check.py).
         self._check_input = check_input and heartbeat is not None and num_workers > 1
+        self._recorder = recorder  # parallax.verify's record of the first steps (recording.py)
         self._busy = False  # in a run or a save: a SIGTERM waits for its end
         self._stop_requested = False
         self._previous_sigterm = None
@@ -125,7 +127,10 @@ class ParallaxRunner(tf_private.SessionInterface):
         feeds = None if feed_dict is None else {
             self._graphs.find(self._element(key, "feed key")): value
             for key, value in feed_dict.items()}
-        checked = self._inputs_to_check(mapped, feeds)
+        checked = self._step_inputs(mapped, feeds)
+        if self._recorder is not None and self._recorder.needs_initial and (
+                self._steps.is_training((mapped, reported, checked), feeds)):
+            self._recorder.write_initial(self._variable_values())
         traced = False
         if self._profiler is not None:
             options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
@@ -136,8 +141,9 @@ class ParallaxRunner(tf_private.SessionInterface):
             started = time.perf_counter()
             (values, scalar_values, input_values), training, restore = self._steps.run(
                 self.session, (mapped, reported, checked), feeds, options, run_metadata)
-            if training and (checked or feeds):
-                self._report_inputs(checked, input_values, feeds)
+            inputs = self._named_inputs(checked, input_values, feeds) if training else {}
+            if inputs and self._check_input and not self._heartbeat.digests_reported:
+                self._heartbeat.report_digests(input_check.data_digests(inputs))
             result = build(values)
             self.last_run = (training, time.perf_counter() - started)
             if traced:
@@ -152,25 +158,38 @@ class ParallaxRunner(tf_private.SessionInterface):
                                              mark=RESTORED if restore else None)
             if self._stop_requested:
                 self._save_and_exit()
+        if training and self._recorder is not None and self._recorder.active:
+            if self._recorder.write_step({name.partition(" ")[2]: value
+                                          for name, value in inputs.items()}):
+                self._recorder.finish(self._variable_values())
         return result
 
-    def _inputs_to_check(self, fetches, feeds) -> List[tf.Tensor]:
-        """What the step's input ops give, while this worker has not reported its input."""
-        if not self._check_input or self._heartbeat.digests_reported:
+    def _step_inputs(self, fetches, feeds) -> List[tf.Tensor]:
+        """What the step's input ops give, while this worker has its input to report (to the
+        driver, or to parallax.verify's record)."""
+        if not ((self._check_input and not self._heartbeat.digests_reported)
+                or (self._recorder is not None and self._recorder.active)):
             return []
         user_ops = {op.name for op in self.graph.get_operations()
                     if op.type in input_check.INPUT_OP_TYPES}
-        return input_check.step_inputs([getattr(f, "op", f) for f in fetches], set(feeds or {}),
-                                       user_ops)
+        ops, fed = [getattr(f, "op", f) for f in fetches], set(feeds or {})
+        found = input_check.step_inputs(ops, fed, user_ops)
+        if self._recorder is not None and self._recorder.active:
+            found += recording.step_draws(ops, fed)
+        return found
 
-    def _report_inputs(self, tensors, values, feeds) -> None:
-        if not self._check_input or self._heartbeat.digests_reported:
-            return
+    @staticmethod
+    def _named_inputs(tensors, values, feeds) -> Dict[str, object]:
+        """The step's inputs by input_check.name_of: its input ops' values, its fed data."""
         named = {input_check.name_of(t, fed=False): v for t, v in zip(tensors, values)}
         named.update({input_check.name_of(t, fed=True): v
                       for t, v in input_check.fed_data(feeds or {}).items()})
-        if named:
-            self._heartbeat.report_digests(input_check.digests(named))
+        return named
+
+    def _variable_values(self) -> Dict[str, object]:
+        """Every variable of the user's graph, by name (recording.variables)."""
+        found = recording.variables(self.graph)
+        return dict(zip([v.op.name for v in found], self.run(found)))
 
     def close(self) -> None:
         """Save a last checkpoint (when configured) and close the session."""

@@ -76,12 +76,7 @@ class Steps:
     def run(self, session, fetches, feed_dict, options=None, run_metadata=None):
         """The fetched values, whether the run was a training step, and whether it restored
         variables from a checkpoint."""
-        fed = set(feed_dict or {})
-        elements = [e for e in tf.nest.flatten(fetches) if e is not None]
-        key = (tuple(e.name for e in elements), tuple(sorted(t.name for t in fed)))
-        if key not in self._plans:
-            self._plans[key] = self._plan(elements, fed)
-        plan = self._plans[key]
+        plan = self._plan_of(fetches, feed_dict)
         feeds = dict(feed_dict or {})
         if plan.early:
             feeds.update(zip(plan.early, session.run(plan.early, feed_dict=feeds)))
@@ -97,6 +92,18 @@ class Steps:
         for aggregate, value in zip(plan.keep, extra[len(plan.extra):]):
             self._kept[aggregate.name] = value
         return result, plan.training, plan.restore
+
+    def is_training(self, fetches, feed_dict) -> bool:
+        """Whether a run of these fetches and feeds is a training step."""
+        return self._plan_of(fetches, feed_dict).training
+
+    def _plan_of(self, fetches, feed_dict) -> _RunPlan:
+        fed = set(feed_dict or {})
+        elements = [e for e in tf.nest.flatten(fetches) if e is not None]
+        key = (tuple(e.name for e in elements), tuple(sorted(t.name for t in fed)))
+        if key not in self._plans:
+            self._plans[key] = self._plan(elements, fed)
+        return self._plans[key]
 
     def _not_kept(self, aggregate) -> str:
         why = (f"this run needs the aggregated gradient {aggregate.name!r} but applies nothing "

@@ -1,0 +1,248 @@
+"""The two runs of a script that `python -m parallax.verify` compares (contracts.VerifyRun).
+
+Distributed, each worker's runner has a `Recorder`: the chief writes every variable before the
+first training step (what one device starts from); each worker writes what each of its first N
+training steps read (its tf.data and queue batches and fed data, as input_check finds them);
+after the Nth step every worker writes its variables and the process exits.
+
+On one device, get_runner returns a `ReplayRunner`: a session of the script's graph as written,
+driven by the script's own loop. Its training steps start from the chief's values and read,
+instead of their own input, the N workers' inputs of the same step joined along the batch axis:
+one device on the combined batch. After the Nth step it writes its variables and exits.
+
+Files in the folder: initial.npz, workerK/stepI.npz, workerK/final.npz, one_device.npz, and
+problem.txt when the one-device run cannot take the workers' steps (verify reports why).
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Dict, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from parallax import tf_private
+from parallax.contracts import VerifyRun
+from parallax.planning.analysis import GraphAnalysis
+from parallax.runtime import fetches as fetches_structure
+from parallax.runtime import input_check
+
+# Random draws of a step: recorded where one value is drawn for each example (dropout's mask,
+# an augmentation's flip), so that one device draws the workers' values for the combined batch.
+DRAW_OP_TYPES = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2"})
+# Draws that are not one per example (a sampled softmax's candidates for the whole batch, a
+# shuffle), and Python inside the graph, whose input cannot be recorded: not comparable.
+UNCOMPARABLE_OP_TYPES = frozenset({
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop", "LogUniformCandidateSampler",
+    "UniformCandidateSampler", "FixedUnigramCandidateSampler", "LearnedUnigramCandidateSampler",
+    "ThreadUnsafeUnigramCandidateSampler", "AllCandidateSampler", "PyFunc", "PyFuncStateless",
+    "EagerPyFunc"})
+ONE_DEVICE_EXIT = 3  # the one-device run stopped at a problem (problem.txt)
+
+
+def variables(graph: tf.Graph) -> List[tf.Variable]:
+    """Every variable of the script's graph: slots, moving averages and metrics' too."""
+    return (graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES))
+
+
+def _save(path: str, values: Dict[str, np.ndarray]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.savez(path + ".tmp.npz", **values)
+    os.replace(path + ".tmp.npz", path)
+
+
+class Recorder:
+    """A worker's side of the distributed run."""
+
+    def __init__(self, run: VerifyRun, worker_id: int):
+        self.run = run
+        self.steps = 0  # training steps recorded
+        self._folder = os.path.join(run.folder, f"worker{worker_id}")
+        self._chief = worker_id == 0
+
+    @property
+    def active(self) -> bool:
+        return self.steps < self.run.steps
+
+    @property
+    def needs_initial(self) -> bool:
+        return self._chief and self.steps == 0
+
+    def write_initial(self, values: Dict[str, np.ndarray]) -> None:
+        _save(os.path.join(self.run.folder, "initial.npz"), values)
+
+    def write_step(self, inputs: Dict[str, np.ndarray]) -> bool:
+        """Records a training step's inputs; whether it was the last one to record."""
+        self.steps += 1
+        _save(os.path.join(self._folder, f"step{self.steps}.npz"), inputs)
+        return self.steps == self.run.steps
+
+    def finish(self, values: Dict[str, np.ndarray]) -> None:
+        _save(os.path.join(self._folder, "final.npz"), values)
+        raise SystemExit(0)
+
+
+def step_draws(ops, fed) -> List[tf.Tensor]:
+    """The random draws a run of `ops` makes that can be recorded (fetched: not inside a
+    loop or a cond)."""
+    return sorted((op.outputs[0] for op in input_check.reached(ops, fed)
+                   if op.type in DRAW_OP_TYPES
+                   and tf_private.control_flow_context(op) is None),
+                  key=lambda t: t.name)
+
+
+def worker_folders(folder: str) -> List[str]:
+    return sorted(glob.glob(os.path.join(folder, "worker*")),
+                  key=lambda path: int(os.path.basename(path)[len("worker"):]))
+
+
+class ReplayRunner(tf_private.SessionInterface):
+    """The one-device side: what get_runner returns in verify's one-device run."""
+
+    def __init__(self, graph: tf.Graph, analysis: GraphAnalysis, run: VerifyRun):
+        self.run_settings = run
+        self._graph = graph
+        self.num_workers = run.workers
+        self.worker_id = 0
+        self.is_chief = True
+        for op in graph.get_operations():
+            if op.device.startswith("/job:"):  # a parameter-server job's pins: one device
+                tf_private.set_device(op, "")
+        self.session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
+            allow_soft_placement=True))
+        self.session.run([v.initializer for v in variables(graph)]
+                         + graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS))
+        self._writes = {graph.get_operation_by_name(name) for name in analysis.training_writes}
+        self._workers = worker_folders(run.folder)
+        self._steps = 0
+        self._coordinator = tf.compat.v1.train.Coordinator()
+        self._threads = []
+        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+            with graph.as_default():
+                self._threads = tf.compat.v1.train.start_queue_runners(
+                    self.session, coord=self._coordinator, daemon=True)
+
+    @property
+    def graph(self) -> tf.Graph:
+        return self._graph
+
+    @property
+    def sess_str(self) -> str:
+        return self.session.sess_str
+
+    def as_default(self):
+        return tf_private.default_session(self)
+
+    def describe(self) -> str:
+        return "parallax verify: one device on the workers' combined batches"
+
+    def partial_run_setup(self, fetches, feeds=None):
+        raise NotImplementedError("partial runs")
+
+    def partial_run(self, handle, fetches, feed_dict=None):
+        raise NotImplementedError("partial runs")
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None, report=None):
+        feeds = dict(feed_dict or {})
+        leaves, _ = fetches_structure.flatten(fetches)
+        ops = [self._op(leaf) for leaf in leaves]
+        fed = {self.graph.as_graph_element(key) for key in feeds}
+        reached = input_check.reached(ops, fed)
+        if self._steps < self.run_settings.steps and reached & self._writes:
+            self._steps += 1
+            if self._steps == 1:
+                self._start(reached)
+            feeds = {key: value for key, value in feeds.items()
+                     if self.graph.as_graph_element(key).name not in self._recorded_names()}
+            feeds.update(self._combined_inputs())
+            try:
+                result = self.session.run(fetches, feeds, options, run_metadata)
+            except (ValueError, tf.errors.InvalidArgumentError) as error:
+                self._stop(f"one device cannot take the {self.num_workers} workers' batches "
+                           f"of step {self._steps} joined: {str(error).splitlines()[0]}")
+            if self._steps == self.run_settings.steps:
+                _save(os.path.join(self.run_settings.folder, "one_device.npz"),
+                      self._values())
+                raise SystemExit(0)
+            return result
+        return self.session.run(fetches, feeds, options, run_metadata)
+
+    def close(self) -> None:
+        self._coordinator.request_stop()
+        self._coordinator.join(self._threads, stop_grace_period_secs=10)
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _op(self, leaf) -> tf.Operation:
+        element = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
+        return getattr(element, "op", element)
+
+    def _start(self, reached) -> None:
+        """Before the first training step: what makes it incomparable, then the chief's
+        values."""
+        recorded = set(self._recorded_names())
+        drawn = sorted(op.name for op in reached if op.type in DRAW_OP_TYPES
+                       and op.outputs[0].name not in recorded)
+        if drawn:
+            self._stop(f"the step draws random numbers inside a loop or a cond ({drawn[0]!r}), "
+                       "which verify cannot record: each worker draws its own, one device "
+                       "would draw others")
+        other = sorted((op.type, op.name) for op in reached if op.type in UNCOMPARABLE_OP_TYPES)
+        if other:
+            why = ("runs Python inside the graph, whose input verify cannot record" if "Py" in
+                   other[0][0] else "draws random numbers that are not one per example: "
+                   "each worker draws its own set, one device one set for the combined batch")
+            self._stop(f"the step {why} ({other[0][1]!r}, {other[0][0]})")
+        initial = np.load(os.path.join(self.run_settings.folder, "initial.npz"))
+        found = variables(self.graph)  # each initializer, its initial value fed
+        self.session.run([v.initializer for v in found], {
+            v.initializer.inputs[1]: initial[v.op.name] for v in found})
+
+    def _recorded_names(self) -> Sequence[str]:
+        return np.load(os.path.join(self._workers[0], f"step{self._steps}.npz")).files
+
+    def _combined_inputs(self) -> Dict[tf.Tensor, np.ndarray]:
+        """The step's recorded inputs of every worker, joined along the batch axis."""
+        steps = [np.load(os.path.join(folder, f"step{self._steps}.npz"))
+                 for folder in self._workers]
+        if not steps[0].files:
+            self._stop("the step reads no input verify can record: it records a step's "
+                       "input where it enters the graph (tf.data iterators, input queues, "
+                       "feed_dict), and this one reads none of them")
+        combined = {}
+        data = [name for name in steps[0].files
+                if self.graph.get_tensor_by_name(name).op.type not in DRAW_OP_TYPES]
+        for name in steps[0].files:
+            parts = [step[name] for step in steps]
+            if name not in data and data and any(
+                    np.ndim(part) == 0 or len(part) != len(step[data[0]])
+                    for part, step in zip(parts, steps)):
+                self._stop(f"the step draws random numbers that are not one per example "
+                           f"({name!r}, shape {parts[0].shape}, for a batch of "
+                           f"{len(steps[0][data[0]])}): each worker draws its own, one device "
+                           "would draw others for the combined batch")
+            try:
+                combined[self.graph.get_tensor_by_name(name)] = np.concatenate(parts)
+            except ValueError:
+                self._stop(f"the workers' {name!r} of step {self._steps} cannot be joined "
+                           f"along the batch axis (shapes {[p.shape for p in parts]})")
+        return combined
+
+    def _values(self) -> Dict[str, np.ndarray]:
+        found = variables(self.graph)
+        return dict(zip([v.op.name for v in found], self.session.run(found)))
+
+    def _stop(self, problem: str) -> None:
+        with open(os.path.join(self.run_settings.folder, "problem.txt"), "w") as out:
+            out.write(problem)
+        raise SystemExit(ONE_DEVICE_EXIT)

@@ -1,0 +1,195 @@
+"""`python -m parallax.verify SCRIPT [ARGS] --resources R --steps N`: Parallax's promise, checked
+on the user's own model. The script runs twice, as written: its first N training steps
+distributed on R, each worker recording what it read (runtime/recording.py), then on one
+device whose steps read the workers' batches of the same step joined, starting from the same
+values. Each variable (slots, moving averages and metrics included) of every worker is compared
+with one device's, worst first; PASS when every element is within atol + rtol x |one device|.
+
+Exit status: 0 PASS, 1 FAIL, 2 not compared (a run failed, or one device cannot take the
+workers' steps: verify says why).
+
+Verify's options may come anywhere; an argument of the script's with the same name goes after
+`--`. The distributed run writes its record in --out (a temporary folder by default), which the
+workers on other hosts must see at the same path (a shared file system).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from parallax import contracts
+from parallax.runtime import recording
+
+PASSED, FAILED, NOT_COMPARED = 0, 1, 2
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def verify(script: str, arguments: Sequence[str], resources: str, steps: int,
+           atol: float = ATOL, rtol: float = RTOL, out: Optional[str] = None) -> int:
+    """Runs the comparison and prints its report: the exit status."""
+    folder = out or tempfile.mkdtemp(prefix="parallax-verify-")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return _verify(script, list(arguments), resources, steps, atol, rtol,
+                       os.path.abspath(folder))
+    finally:
+        if out is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _verify(script, arguments, resources, steps, atol, rtol, folder) -> int:
+    say(f"the distributed run: {script} on {resources}, its first {steps} training steps")
+    run = contracts.VerifyRun(folder, steps, contracts.DISTRIBUTED, resources)
+    code = _run_script(script, arguments, run)
+    workers = recording.worker_folders(folder)
+    if code != 0:
+        return _not_compared(f"the distributed run failed (exit status {code})")
+    done = [len([f for f in os.listdir(w) if f.startswith("step")]) for w in workers]
+    if not workers or min(done) < steps:
+        return _not_compared(
+            f"the script ran {min(done, default=0)} training steps, fewer than --steps {steps}: "
+            f"verify with --steps {min(done, default=0)} or fewer" if min(done, default=0)
+            else "the script ran no training step (a run that applies its gradients)")
+    say(f"the one-device run: {script}, its first {steps} training steps on the "
+        f"{len(workers)} workers' batches joined")
+    one_device = contracts.VerifyRun(folder, steps, contracts.ONE_DEVICE, workers=len(workers))
+    code = _run_script(script, arguments, one_device)
+    problem = os.path.join(folder, "problem.txt")
+    if os.path.exists(problem):
+        with open(problem) as f:
+            return _not_compared(f.read())
+    if code != 0 or not os.path.exists(os.path.join(folder, "one_device.npz")):
+        return _not_compared(f"the one-device run failed (exit status {code})")
+    rows = compare(np.load(os.path.join(folder, "one_device.npz")),
+                   [np.load(os.path.join(w, "final.npz")) for w in workers], atol, rtol)
+    print(report(rows, script, resources, len(workers), steps, atol, rtol), flush=True)
+    return FAILED if any(not row.passed for row in rows) else PASSED
+
+
+class Row:
+    """One variable: its largest difference from one device over the workers."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.absolute = 0.0  # max |worker - one device|
+        self.relative = 0.0  # that over max |one device|
+        self.worker = 0  # where the largest difference is
+        self.passed = True
+        self.note = ""
+
+    def add(self, worker: int, mine: np.ndarray, reference: np.ndarray, atol, rtol) -> None:
+        if mine.shape != reference.shape:
+            self.passed, self.note = False, f"shape {mine.shape} against {reference.shape}"
+            self.absolute, self.worker = float("inf"), worker
+            return
+        if reference.dtype == object or reference.dtype.kind in "SU":
+            same = bool(np.all(mine == reference))
+            difference = 0.0 if same else float("inf")
+        else:
+            gap = np.abs(mine.astype(np.float64) - reference.astype(np.float64))
+            difference = float(gap.max()) if gap.size else 0.0
+            same = bool(np.all(gap <= atol + rtol * np.abs(reference.astype(np.float64))))
+        self.passed = self.passed and same
+        if difference > self.absolute or worker == 0:
+            self.absolute, self.worker = difference, worker
+            scale = float(np.abs(reference).max()) if reference.size and np.issubdtype(
+                reference.dtype, np.number) else 0.0
+            self.relative = difference / scale if scale else (0.0 if not difference
+                                                              else float("inf"))
+
+
+def compare(one_device, workers: List, atol: float, rtol: float) -> List[Row]:
+    """Per variable of one device's, the worst difference of any worker's, worst first."""
+    rows = []
+    for name in one_device.files:
+        row = Row(name)
+        for index, values in enumerate(workers):
+            if name not in values.files:
+                row.passed, row.note, row.absolute = False, f"not on worker {index}", np.inf
+                continue
+            row.add(index, values[name], one_device[name], atol, rtol)
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r.passed, -r.relative, -r.absolute, r.name))
+
+
+def report(rows: List[Row], script, resources, workers, steps, atol, rtol) -> str:
+    width = max([len("variable")] + [len(r.name) for r in rows])
+    lines = [f"parallax verify: {script}, {steps} training steps on {resources} ({workers} "
+             "workers) against one device on the same combined batches",
+             f"{'variable':<{width}}  {'max |diff|':>10}  {'relative':>9}  {'worker':>6}  result"]
+    for row in rows:
+        lines.append(f"{row.name:<{width}}  {row.absolute:>10.3g}  {row.relative:>9.3g}  "
+                     f"{row.worker:>6}  {'ok' if row.passed else 'FAIL'}"
+                     + (f" ({row.note})" if row.note else ""))
+    failed = [row.name for row in rows if not row.passed]
+    tolerance = f"within {atol:g} + {rtol:g} x |one device|"
+    lines.append(f"FAIL: {len(failed)} of {len(rows)} variables not {tolerance} "
+                 f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})" if failed
+                 else f"PASS: all {len(rows)} variables of the {workers} workers {tolerance}")
+    lines.append("relative: max |diff| over the variable's largest |value| on one device")
+    return "\n".join(lines)
+
+
+def _run_script(script: str, arguments: List[str], run: contracts.VerifyRun) -> int:
+    env = {**os.environ, **run.to_env()}
+    return subprocess.run([sys.executable, script, *arguments], env=env).returncode
+
+
+def _not_compared(why: str) -> int:
+    say(f"NOT COMPARED: {why}")
+    return NOT_COMPARED
+
+
+def say(text: str) -> None:
+    print(f"parallax verify: {text}", file=sys.stderr, flush=True)
+
+
+def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, str, List[str]]:
+    """Verify's options wherever they are; the first other word is the script, the rest (and
+    everything after `--`) its arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m parallax.verify",
+        usage="python -m parallax.verify SCRIPT [ARGS] --resources R --steps N "
+              "[--atol A] [--rtol R] [--out DIR] [-- SCRIPT_ARGS]",
+        description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--resources", required=True, help="the distributed run's resources")
+    parser.add_argument("--steps", type=_positive, required=True,
+                        help="training steps to compare")
+    parser.add_argument("--atol", type=float, default=ATOL)
+    parser.add_argument("--rtol", type=float, default=RTOL)
+    parser.add_argument("--out", help="keep the runs' record in this folder")
+    argv = list(argv)
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    options, others = parser.parse_known_args(argv)
+    if not others:
+        parser.error("no SCRIPT given")
+    if others[0].startswith("-"):
+        parser.error(f"unknown option {others[0]} before SCRIPT")
+    if not os.path.isfile(others[0]):
+        parser.error(f"SCRIPT {others[0]!r} is not a file")
+    return options, others[0], others[1:] + rest
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    options, script, arguments = parse(sys.argv[1:] if argv is None else argv)
+    return verify(script, arguments, options.resources, options.steps, options.atol,
+                  options.rtol, options.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
