@@ -391,7 +391,7 @@ def _gather(graph, state, step, replaced):
 
 def _shape(graph, state, step, replaced):
     """The shape of a member (VariableShape) or of its rows, whole: a constant."""
-    op, family = step.op, _family_of(state, step.op)
+    op = step.op
     if op.type == "VariableShape":
         shape = tf.TensorShape(op.inputs[0].op.get_attr("shape"))  # the member's (a slot's)
     else:
