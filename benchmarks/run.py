@@ -94,7 +94,7 @@ def _horovod(sparse_as_dense):
         if sparse_as_dense:
             argv.append("--sparse-as-dense")
         return [ProcessSpec("horovodrun", argv, {}, cwd=REPO, host=setup.address(0),
-                            ssh=setup.ssh)]
+                            remote=setup.ssh)]
     return specs
 
 
@@ -107,10 +107,10 @@ def _tf_ps(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
               "--ps", ",".join(ps), "--workers", ",".join(workers), "--out", out,
               *setup.measure_args]
     specs = [ProcessSpec(f"ps{h}", common + ["--job", "ps", "--task", str(h)], {}, cwd=REPO,
-                         host=setup.address(h), ssh=setup.ssh, service=True)
+                         host=setup.address(h), remote=setup.ssh, service=True)
              for h in range(setup.hosts)]
     specs += [ProcessSpec(f"worker{t}", common + ["--job", "worker", "--task", str(t)], {},
-                          cwd=REPO, host=setup.address(t // g), ssh=setup.ssh)
+                          cwd=REPO, host=setup.address(t // g), remote=setup.ssh)
               for t in range(len(workers))]
     return specs
 

@@ -12,6 +12,7 @@ from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
 from parallax.runtime import monitored, recording
+from runner import slurm
 
 
 def shard(dataset):
@@ -49,8 +50,11 @@ def num_shards_and_shard_id() -> Tuple[tf.Tensor, tf.Tensor]:
             tf.constant(worker_id, tf.int64, name="parallax_shard_id"))
 
 
-def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None):
-    """Train `graph` (built for one device) data-parallel on `resources`.
+def get_runner(graph: tf.Graph, resources: Optional[str] = None,
+               config: Optional[Config] = None):
+    """Train `graph` (built for one device) data-parallel on `resources`: a resource file, an
+    inline string, or "slurm" (the Slurm allocation the script runs in, also when no resources
+    are given inside one).
 
     In the process the user started (the driver) this plans the job, launches its processes,
     waits for them and exits with their status: it does not return. In a worker it returns a
@@ -59,6 +63,7 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
     config = config or Config()
     if not isinstance(graph, tf.Graph):
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
+    resources = _default_resources(resources)
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
     resources, config = _verifying(resources, config)
     if contracts.role() == "driver":
@@ -66,6 +71,16 @@ def get_runner(graph: tf.Graph, resources: str, config: Optional[Config] = None)
             return recording.ReplayRunner(graph, analysis, contracts.read_verify_run())
         driver.run(graph, analysis, resources, config)
     return worker.start(graph, analysis, config)
+
+
+def _default_resources(resources: Optional[str]) -> str:
+    if resources is not None:
+        return resources
+    if slurm.in_allocation():
+        return slurm.SLURM
+    raise ParallaxError("get_runner needs resources (a resource file, or a string such as "
+                        "'localhost:0,1'); only inside a Slurm allocation do they default to "
+                        "'slurm'")
 
 
 def _verifying(resources: str, config: Config) -> Tuple[str, Config]:
@@ -89,8 +104,8 @@ def _one_device_run() -> bool:
 
 
 def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (TensorFlow's name)
-        resources: str, config: Union[Config, tf.compat.v1.ConfigProto, None] = None,
-        **arguments):
+        resources: Optional[str] = None,
+        config: Union[Config, tf.compat.v1.ConfigProto, None] = None, **arguments):
     """tf.compat.v1.train.MonitoredTrainingSession on the default graph, trained by Parallax on
     `resources`: TensorFlow's arguments (checkpoint_dir, scaffold, hooks, chief_only_hooks,
     save_checkpoint_steps/secs, save_summaries_steps/secs, log_step_count_steps,
@@ -110,7 +125,7 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
     config = config or Config()
     graph = tf.compat.v1.get_default_graph()
     analysis = analyze(graph)
-    resources, config = _verifying(resources, config)
+    resources, config = _verifying(_default_resources(resources), config)
     if contracts.read_verify_run() is not None:  # the user's checkpoints and summaries stay
         arguments.update(save_checkpoint_steps=None, save_checkpoint_secs=None,
                          save_summaries_steps=None, save_summaries_secs=None)

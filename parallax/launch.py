@@ -1,6 +1,7 @@
 """Launching the job the driver planned: one worker process per slot re-running the user's
-command (and, for the PS path, one parameter server per machine), on this machine or over ssh,
-supervised until the job ends; the driver leaves with the job's exit status.
+command (and, for the PS path, one parameter server per machine), on this machine, over ssh,
+or as Slurm job steps, supervised until the job ends; the driver leaves with the job's exit
+status.
 
 Each process learns its role, the cluster and the plan from its environment (contracts.py);
 `runner` does the process work. Remote hosts are assumed to have the same paths (script,
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, NoReturn, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple, Union
 
 from parallax import contracts
 from parallax.cluster import Cluster
@@ -30,6 +31,8 @@ from runner.process import GRACE_SECONDS
 from runner.progress import ProgressDisplay
 from runner.rendezvous import GlooRendezvous
 from runner.resources import Host, is_local
+from runner import slurm
+from runner.slurm import SrunConfig
 from runner.ssh import HostUnreachable, SSHConfig
 from runner.ssh import free_ports as remote_free_ports
 
@@ -46,11 +49,11 @@ def probe_links(resources: str, config: Config) -> Tuple[Optional[dict], Optiona
     ({latency, bandwidth, machines}: runner.link_probe.probe; None between machines with one
     machine, or for a probe that fails, which is logged)."""
     hosts = load_resources(resources)
-    ssh = _ssh_config(config)
+    shell = _remote_shell(resources, config)
 
     def probe(client: str, server: str) -> Optional[dict]:
         try:
-            return link_probe.probe(client, server, ssh)
+            return link_probe.probe(client, server, shell)
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
             log.warning("the link probe between %s and %s failed (%s)", client, server, error)
             return None
@@ -60,7 +63,14 @@ def probe_links(resources: str, config: Config) -> Tuple[Optional[dict], Optiona
     return between, probe(first, first)
 
 
-def _ssh_config(config: Config) -> SSHConfig:
+Shell = Union[SSHConfig, SrunConfig]  # how processes start on other hosts
+
+
+def _remote_shell(resources: str, config: Config) -> Shell:
+    """How processes start on other hosts: as Slurm job steps in an allocation's resources,
+    else over ssh."""
+    if resources.strip() == slurm.SLURM:
+        return SrunConfig.from_env()
     try:
         return config.ssh or SSHConfig.from_env()
     except ValueError as error:  # a PARALLAX_SSH_* variable that is not a number
@@ -78,12 +88,12 @@ def run_driver(resources: str, config: Config, with_servers: bool, with_horovod:
             f"{resources}: loopback hosts cannot be mixed with remote hosts "
             f"{[h.name for h in remote]}: the remote "
             "ones could not reach them; name this machine by an address they can reach")
-    ssh = _ssh_config(config)
+    shell = _remote_shell(resources, config)
     # Where the job's processes reach this machine (the rendezvous, the control plane).
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(config.max_restarts + 1):
         try:
-            _run_job(hosts, address, config, ssh, with_servers, with_horovod, attempt, job_env)
+            _run_job(hosts, address, config, shell, with_servers, with_horovod, attempt, job_env)
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == config.max_restarts:
@@ -118,20 +128,20 @@ def _exit(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
+def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
              with_horovod: bool, attempt: int, job_env: Dict[str, str]) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
     if with_servers:
-        ports = _ports(hosts, config, ssh)
+        ports = _ports(hosts, config, shell)
         cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts]
         cluster.workers = [f"{host.name}:{ports[host.name][1 + host.slots.index(slot)]}"
                            for _, host, slot in slots]
     else:
         for host in hosts:
             if not is_local(host.name):
-                _remote_free_ports(host, 0, ssh)  # reached over ssh now, before anything starts
+                _remote_free_ports(host, 0, shell)  # reached now, before anything starts
     if config.redirect_path:
         os.makedirs(config.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -141,9 +151,9 @@ def _run_job(hosts, address, config: Config, ssh: SSHConfig, with_servers: bool,
             for _, host, _ in slots:
                 per_host[host.name] = per_host.get(host.name, 0) + 1
             rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
-        specs = [_server_spec(index, host.name, cluster, config, ssh)
+        specs = [_server_spec(index, host.name, cluster, config, shell)
                  for index, host in enumerate(hosts) if with_servers]
-        specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, config, ssh)
+        specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, config, shell)
                   for rank, (_, host, slot) in enumerate(slots)]
         control = ControlServer(uuid.uuid4().hex, [spec.name for spec in specs],
                                 [spec.name for spec in specs if not spec.service],
@@ -178,7 +188,7 @@ def _watchdog(control: ControlServer, config: Config):
     return check
 
 
-def _ports(hosts: List[Host], config: Config, ssh: SSHConfig) -> Dict[str, List[int]]:
+def _ports(hosts: List[Host], config: Config, shell: Shell) -> Dict[str, List[int]]:
     """Ports for each host's server and workers: consecutive from config.base_port when set,
     else free ones, asked on the host itself when it is remote. The local hosts (127.0.0.x)
     get theirs in one draw: their servers all listen on every address of this machine, so two
@@ -194,13 +204,13 @@ def _ports(hosts: List[Host], config: Config, ssh: SSHConfig) -> Dict[str, List[
         ports[name] = [next(drawn) for _ in range(counts[name])]
     for host in hosts:
         if not is_local(host.name):
-            ports[host.name] = _remote_free_ports(host, counts[host.name], ssh)
+            ports[host.name] = _remote_free_ports(host, counts[host.name], shell)
     return ports
 
 
-def _remote_free_ports(host: Host, count: int, ssh: SSHConfig) -> List[int]:
+def _remote_free_ports(host: Host, count: int, shell: Shell) -> List[int]:
     try:
-        return remote_free_ports(host.name, count, ssh)
+        return remote_free_ports(host.name, count, shell)
     except HostUnreachable as error:
         raise ParallaxError(f"{host.where}: {error}") from None
 
@@ -227,22 +237,22 @@ def _job_env(cluster: Cluster, role_name: str) -> Dict[str, str]:
     return env
 
 
-def _spec(name, host, argv, env, config, ssh, service=False) -> ProcessSpec:
+def _spec(name, host, argv, env, config, shell, service=False) -> ProcessSpec:
     log_file = (os.path.join(config.redirect_path, name.replace(":", "_") + ".log")
                 if config.redirect_path else None)
     return ProcessSpec(name=name, argv=argv, env=env, cwd=os.getcwd(), log_file=log_file,
-                       host=None if is_local(host) else host, ssh=ssh, service=service)
+                       host=None if is_local(host) else host, remote=shell, service=service)
 
 
-def _server_spec(index: int, host: str, cluster: Cluster, config: Config, ssh) -> ProcessSpec:
+def _server_spec(index: int, host: str, cluster: Cluster, config: Config, shell) -> ProcessSpec:
     env = _job_env(cluster, "server")
     env.update({**contracts.server_env(index), "CUDA_VISIBLE_DEVICES": ""})
     return _spec(f"{host}:server:{index}", host,
                  [sys.executable, "-m", "parallax.runtime.server"],
-                 env, config, ssh, service=True)
+                 env, config, shell, service=True)
 
 
-def _worker_spec(rank, host, slot, cluster, rendezvous, config, ssh) -> ProcessSpec:
+def _worker_spec(rank, host, slot, cluster, rendezvous, config, shell) -> ProcessSpec:
     env = _job_env(Cluster(cluster.worker_machines, cluster.servers, cluster.workers, rank),
                    "worker")
     if rendezvous is not None:
@@ -252,7 +262,7 @@ def _worker_spec(rank, host, slot, cluster, rendezvous, config, ssh) -> ProcessS
     env["CUDA_VISIBLE_DEVICES"] = str(slot)
     # orig_argv keeps interpreter options and '-m module', so the worker runs what the user ran.
     spec = _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,
-                 config, ssh)
+                 config, shell)
     spec.hold_until_started = True  # what it prints before get_runner, the driver printed
     spec.stop_first = rank == 0 and bool(config.ckpt_config.ckpt_dir)  # saves on SIGTERM
     return spec

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shlex
 import socket
 import statistics
 import subprocess
@@ -149,7 +148,7 @@ def _command(host: str, args, ssh: SSHConfig):
         return words
     if args[0] == "serve":
         return ssh.command(host, words, None)
-    return ssh.ssh_argv(host) + [" ".join(shlex.quote(w) for w in words)]
+    return ssh.oneshot(host, words)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from runner.output import PAST_STARTUP, OutputFilter
+from runner.slurm import SrunConfig
 from runner.ssh import SSHConfig, environment_line, forwarded_env
 
 GRACE_SECONDS = 5.0  # from SIGTERM to SIGKILL: time for a last checkpoint
@@ -41,8 +42,8 @@ class ProcessSpec:
     argv: List[str]
     env: Dict[str, str]  # set on top of the driver's environment (what ssh forwards, remotely)
     cwd: Optional[str] = None
-    host: Optional[str] = None  # a remote host to run on through ssh; None: this machine
-    ssh: Optional[SSHConfig] = None
+    host: Optional[str] = None  # a remote host to run on; None: this machine
+    remote: Union[SSHConfig, SrunConfig, None] = None  # how: over ssh, or as a Slurm step
     log_file: Optional[str] = None  # output goes here instead of the driver's stdout
     service: bool = False  # serves the others (a parameter server): the job does not wait for
     # it to finish, stops it at the end, and fails if it exits before then
@@ -103,8 +104,8 @@ class _Process:
             argv, env, cwd, stdin = spec.argv, dict(os.environ, **spec.env), spec.cwd, None
         else:
             # The environment goes down this pipe first; then the remote side stops when the
-            # pipe closes, i.e. when ssh goes away.
-            argv = spec.ssh.command(spec.host, spec.argv, spec.cwd)
+            # pipe closes, i.e. when ssh (or srun) goes away.
+            argv = spec.remote.command(spec.host, spec.argv, spec.cwd)
             env, cwd, stdin = None, None, subprocess.PIPE
         self.popen = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=stdin or subprocess.DEVNULL,
@@ -113,10 +114,10 @@ class _Process:
         if spec.host is not None:
             try:
                 self.popen.stdin.write(environment_line(
-                    forwarded_env(spec.env, spec.ssh.forward_env)))
+                    forwarded_env(spec.env, spec.remote.forward_env)))
                 self.popen.stdin.flush()
             except BrokenPipeError:
-                pass  # ssh is gone already: its exit status and output tell why
+                pass  # ssh or srun is gone already: its exit status and output tell why
         self.reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
         self.reader.start()
         # One waiter per process puts exits in the order they happen, so the job reports the
@@ -264,7 +265,7 @@ def _failure_message(failures) -> str:
                   else f"exited with status {code}")
         if process.spec.service:
             status += " while the job was running"
-        if process.spec.host is not None and code == 255:
+        if isinstance(process.spec.remote, SSHConfig) and code == 255:
             status += (f" (ssh could not reach or lost {process.spec.host}, or its remote side "
                        "was killed)")
         statuses.append(f"{process.spec.name} {status}")

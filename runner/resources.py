@@ -48,10 +48,15 @@ class Host:
 
 
 def load_resources(spec: str) -> List[Host]:
-    """Parse a resource file path or inline resource string into hosts with resolved slots."""
+    """Parse a resource file path or inline resource string into hosts with resolved slots;
+    "slurm": the hosts and tasks of the Slurm allocation this process runs in."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ResourceError("resources must be a resource file path or a string such as "
-                            f"'localhost:0,1', got {spec!r}")
+        raise ResourceError("resources must be a resource file path, a string such as "
+                            f"'localhost:0,1', or 'slurm', got {spec!r}")
+    if spec.strip() == "slurm" and not os.path.exists(spec):
+        from runner import slurm  # pylint: disable=import-outside-toplevel  (imports this)
+
+        return slurm.allocation_hosts()
     if "\n" not in spec and "\0" not in spec and os.path.isfile(spec):
         return parse_resources(_read_text(spec).split("\n"), source=spec)
     if "\n" not in spec and os.sep in spec and not os.path.exists(spec.replace("\0", "")):

@@ -56,6 +56,11 @@ class SSHConfig:
             remote = f"cd {shlex.quote(cwd)} && exec {remote}"
         return self.ssh_argv(host) + [remote]
 
+    def oneshot(self, host: str, argv: List[str]) -> List[str]:
+        """A short command on `host`, every word quoted (free ports, the link probe's
+        client)."""
+        return self.ssh_argv(host) + [" ".join(shlex.quote(w) for w in argv)]
+
     def ssh_argv(self, host: str) -> List[str]:
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout}",
                 "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
@@ -85,16 +90,18 @@ class HostUnreachable(RuntimeError):
     pass
 
 
-def free_ports(host: str, count: int, ssh: SSHConfig) -> List[int]:
-    """Ports free on `host` now (asked over ssh, so a host that cannot be reached fails here,
-    within the connect timeout, before anything is started)."""
-    remote = " ".join(shlex.quote(w) for w in [sys.executable, "-m", "runner.free_ports",
-                                                str(count)])
-    result = subprocess.run(ssh.ssh_argv(host) + [remote], capture_output=True, text=True,
-                            stdin=subprocess.DEVNULL, timeout=ssh.connect_timeout + 30)
+def free_ports(host: str, count: int, ssh) -> List[int]:
+    """Ports free on `host` now (asked there, over ssh or as a Slurm step: `ssh` is an
+    SSHConfig or a runner.slurm.SrunConfig), so a host that cannot be reached fails here,
+    within the connect timeout, before anything is started."""
+    result = subprocess.run(
+        ssh.oneshot(host, [sys.executable, "-m", "runner.free_ports", str(count)]),
+        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        timeout=ssh.connect_timeout + 30)
     if result.returncode != 0:
         detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        raise HostUnreachable(f"cannot reach host {host} over ssh (exit {result.returncode}): "
+        how = "over ssh" if isinstance(ssh, SSHConfig) else "with srun"
+        raise HostUnreachable(f"cannot reach host {host} {how} (exit {result.returncode}): "
                               f"{detail[-1] if detail else 'no output'}")
     return [int(port) for port in result.stdout.split()]
 

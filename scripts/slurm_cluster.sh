@@ -9,7 +9,7 @@
 #
 # The controller runs in the root namespace as host "driver" (10.213.0.1), one slurmd per host in
 # its namespace as node hN; partition "debug" holds all nodes, 2 CPUs each, shared by CPU.
-# Everything lives in $state/slurm, with state from ${PARALLAX_CLUSTER_DIR:-/tmp/parallax-cluster}.
+# Its files go in slurm/ of the emulated cluster's state folder (PARALLAX_CLUSTER_DIR).
 set -euo pipefail
 
 state="${PARALLAX_CLUSTER_DIR:-/tmp/parallax-cluster}"
@@ -19,7 +19,7 @@ socket="$dir/munge.socket"
 controller=10.213.0.1
 export SLURM_CONF="$conf"
 
-usage() { sed -n '2,13p' "$0" >&2; exit 2; }
+usage() { sed -n '2,12p' "$0" >&2; exit 2; }
 
 need_slurm() {
     [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && return
@@ -117,6 +117,9 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+# Each host has 2 CPUs, like the emulated cluster's 2 slots, whatever the machine has: without
+# this a machine with fewer cores would drain its nodes (Low CPUs).
+SlurmdParameters=config_overrides
 # A cancelled step gets SIGTERM, then SIGKILL this many seconds later (Slurm's default is 30).
 KillWait=5
 StateSaveLocation=$dir/ctld
