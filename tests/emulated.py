@@ -8,10 +8,13 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import psutil
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_workload
+
+equivalence = load_workload("equivalence")
 
 CLUSTER_SCRIPT = os.path.join(REPO, "scripts", "emulated_cluster.sh")
 STATE = "/tmp/parallax-test-cluster"
@@ -93,25 +96,29 @@ def namespace_pids(index):
     return {int(pid) for pid in out.stdout.split()}
 
 
-def host_processes(index):
-    """What runs on host `index` besides its sshd listener: job processes, ssh sessions."""
+def host_processes(index, daemons=()):
+    """What runs on host `index` besides its sshd listener and `daemons` (slurmd): job
+    processes, ssh sessions."""
     left = []
     for pid in namespace_pids(index):
         try:
             process = psutil.Process(pid)
             if process.name() == "sshd" and process.ppid() not in namespace_pids(index):
                 continue  # the host's sshd itself (its sessions are its children)
+            if process.name() in daemons:
+                continue
             left.append(f"{pid} {' '.join(process.cmdline())[:80]}")
         except psutil.NoSuchProcess:
             continue
     return left
 
 
-def assert_hosts_idle(timeout=10.0):
-    """Nothing is left on any host but its sshd listener (sessions must end too)."""
+def assert_hosts_idle(timeout=10.0, daemons=()):
+    """Nothing is left on any host but its sshd listener and `daemons` (sessions must end
+    too)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = {index: host_processes(index) for index in range(1, len(HOSTS) + 1)}
+        left = {index: host_processes(index, daemons) for index in range(1, len(HOSTS) + 1)}
         if not any(left.values()):
             return
         assert time.monotonic() < deadline, f"left on the hosts: {left}"
@@ -126,3 +133,17 @@ def wait_for(lines_from, text, count):
         if seen == count:
             return
     raise AssertionError(f"never saw {count} lines with {text!r}:\n" + "".join(lines)[-5000:])
+
+
+def assert_equals_single_device(out, configs, label, workers=4):
+    """Every worker's variables, saved by tests/workloads/equivalence.py in `out`, as one
+    device trains the sparse model on the combined batch."""
+    for config in configs:
+        expected, steps = equivalence.train_single_device(
+            "sparse", config, workers * equivalence.BATCH_PER_WORKER)
+        for worker in range(workers):
+            saved = np.load(os.path.join(out, f"{config}.worker{worker}.npz"))
+            assert saved["global_steps"].tolist() == steps
+            for name, value in expected.items():
+                np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{label} {config} {name} {worker}")

@@ -8,13 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from conftest import WORKLOADS, load_workload, run_job
-from emulated import (HOSTS, RESOURCES, assert_hosts_idle, cluster, namespace_pids,  # noqa: F401
-                      processes, pytestmark, start, wait_for)
+from conftest import WORKLOADS, run_job
+from emulated import (HOSTS, RESOURCES, assert_equals_single_device,  # noqa: F401
+                      assert_hosts_idle, cluster, namespace_pids, processes, pytestmark, start,
+                      wait_for)
 
 pytestmark = [pytestmark, pytest.mark.job]
-
-equivalence = load_workload("equivalence")
 
 
 @pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
@@ -25,15 +24,7 @@ def test_jobs_over_ssh_equal_single_device(cluster, run_option, tmp_path):
                      "--out", str(tmp_path), "--configs", *configs, env=cluster, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"[{HOSTS[1]}:worker:3]" in result.stdout
-    for config in configs:
-        expected, steps = equivalence.train_single_device(
-            "sparse", config, 4 * equivalence.BATCH_PER_WORKER)
-        for worker in range(4):
-            saved = np.load(tmp_path / f"{config}.worker{worker}.npz")
-            assert saved["global_steps"].tolist() == steps
-            for name, value in expected.items():
-                np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
-                                           err_msg=f"{run_option} {config} {name} {worker}")
+    assert_equals_single_device(tmp_path, configs, run_option)
     assert_hosts_idle()
 
 

@@ -8,18 +8,15 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import psutil
 import pytest
 
-from conftest import REPO, WORKLOADS, load_workload
-from emulated import STATE, cluster, namespace_pids  # noqa: F401
+from conftest import REPO, WORKLOADS
+from emulated import STATE, assert_equals_single_device, assert_hosts_idle, cluster  # noqa: F401
 from emulated import pytestmark as on_emulated_hosts
 from runner import Host, ResourceError, load_resources
 from runner.slurm import (SrunConfig, allocation_hosts, expand_nodelist,
                           expand_tasks_per_node)
 
-equivalence = load_workload("equivalence")
 SLURM_SCRIPT = os.path.join(REPO, "scripts", "slurm_cluster.sh")
 FILTERED = re.compile(r"I0000|oneDNN|cpu_feature|AVX|WARNING: All log|rebuild TensorFlow")
 
@@ -121,24 +118,8 @@ def _on_h1(*argv):
     return ["ip", "netns", "exec", "pxh1", *argv]
 
 
-def _python_left():
-    """Python processes left on the hosts (the job's, srun's steps)."""
-    left = []
-    for index in (1, 2):
-        for pid in namespace_pids(index):
-            try:
-                if "python" in psutil.Process(pid).name():
-                    left.append(f"h{index}: {' '.join(psutil.Process(pid).cmdline())[:80]}")
-            except psutil.NoSuchProcess:
-                continue
-    return left
-
-
-def _wait_idle(timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while _python_left():
-        assert time.monotonic() < deadline, f"left on the hosts: {_python_left()}"
-        time.sleep(0.2)
+def _wait_idle():
+    assert_hosts_idle(timeout=20.0, daemons=("slurmd",))
 
 
 @on_emulated_hosts
@@ -156,14 +137,7 @@ def test_a_job_in_an_allocation_runs_as_job_steps_and_equals_one_device(slurm, r
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[h2:worker:3]" in result.stdout and "4 workers on 2 machines" in result.stdout
     assert "srun: error" not in result.stdout + result.stderr
-    expected, steps = equivalence.train_single_device("sparse", "sgd",
-                                                      4 * equivalence.BATCH_PER_WORKER)
-    for worker in range(4):
-        saved = np.load(tmp_path / f"sgd.worker{worker}.npz")
-        assert saved["global_steps"].tolist() == steps
-        for name, value in expected.items():
-            np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
-                                       err_msg=f"{run_option} {name} {worker}")
+    assert_equals_single_device(tmp_path, ["sgd"], run_option)
     _wait_idle()
 
 
