@@ -231,7 +231,8 @@ def main():
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off")
     parser.add_argument("--hierarchical-allreduce", action="store_true",
-                        help="Config(hierarchical_allreduce=True): machine stages wherever possible")
+                        help="Config(hierarchical_allreduce=True): machine stages wherever "
+                             "possible")
     parser.add_argument("--split-variables", action="store_true",
                         help="Config(split_variables=True): the embedding over every server")
     parser.add_argument("--fetch-gradients", action="store_true",

@@ -17,8 +17,8 @@ each way (each is a wait for every worker, in sequence from layer to layer: four
 step 585 ms at 10 Gbit, two 517, against 254 unsynchronized). Forward: y, and the batch mean
 and variance the moving averages take (Bessel's correction on the combined count, and the
 kernel's exponential_avg_factor), from every worker's count, mean and mean of squares, as
-Horovod's own SyncBatchNormalization combines them. Backward, for N examples in all and x^ the normalized
-input: dx = scale / std * (dy - sum(dy) / N - x^ * sum(dy * x^) / N), the sums over every
+Horovod's own SyncBatchNormalization combines them. Backward, for N examples in all and x^ the
+normalized input: dx = scale / std * (dy - sum(dy) / N - x^ * sum(dy * x^) / N), the sums over every
 worker (each worker's dy being its share of the combined loss's, times the number of workers);
 the gradients of scale and offset are this worker's sums, which Parallax averages.
 """
