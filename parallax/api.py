@@ -65,10 +65,11 @@ def get_runner(graph: tf.Graph, resources: Optional[str] = None,
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
     resources = _default_resources(resources)
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
-    resources, config = _verifying(resources, config)
+    verify_run = contracts.read_verify_run()
+    resources, config = _verifying(resources, config, verify_run)
     if contracts.role() == "driver":
-        if _one_device_run():
-            return recording.ReplayRunner(graph, analysis, contracts.read_verify_run())
+        if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
+            return recording.ReplayRunner(graph, analysis, verify_run)
         driver.run(graph, analysis, resources, config)
     return worker.start(graph, analysis, config)
 
@@ -83,11 +84,11 @@ def _default_resources(resources: Optional[str]) -> str:
                         "'slurm'")
 
 
-def _verifying(resources: str, config: Config) -> Tuple[str, Config]:
-    """The resources and config of the script's job, as parallax.verify runs it: on verify's
-    resources, writing no checkpoint; with Config(verify_steps=N) the driver runs
-    parallax.verify on the script instead (and exits with its status)."""
-    run = contracts.read_verify_run()
+def _verifying(resources: str, config: Config, run: Optional[contracts.VerifyRun]
+               ) -> Tuple[str, Config]:
+    """The resources and config of the script's job, as parallax.verify's `run` of it runs
+    it: on verify's resources, writing no checkpoint; with Config(verify_steps=N) the driver
+    runs parallax.verify on the script instead (and exits with its status)."""
     if run is not None:
         return run.resources or resources, dataclasses.replace(
             config, ckpt_config=CheckpointConfig(), max_restarts=0, verify_steps=0)
@@ -96,11 +97,6 @@ def _verifying(resources: str, config: Config) -> Tuple[str, Config]:
 
         sys.exit(verify.verify(sys.argv[0], sys.argv[1:], resources, config.verify_steps))
     return resources, config
-
-
-def _one_device_run() -> bool:
-    run = contracts.read_verify_run()
-    return run is not None and run.phase == contracts.ONE_DEVICE
 
 
 def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (TensorFlow's name)
@@ -125,14 +121,15 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
     config = config or Config()
     graph = tf.compat.v1.get_default_graph()
     analysis = analyze(graph)
-    resources, config = _verifying(_default_resources(resources), config)
-    if contracts.read_verify_run() is not None:  # the user's checkpoints and summaries stay
+    verify_run = contracts.read_verify_run()
+    resources, config = _verifying(_default_resources(resources), config, verify_run)
+    if verify_run is not None:  # the user's checkpoints and summaries stay as they were
         arguments.update(save_checkpoint_steps=None, save_checkpoint_secs=None,
                          save_summaries_steps=None, save_summaries_secs=None)
     if contracts.role() == "driver":
-        if _one_device_run():
-            return monitored.monitored_session(recording.ReplayRunner(
-                graph, analysis, contracts.read_verify_run()), **arguments)
+        if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
+            return monitored.monitored_session(
+                recording.ReplayRunner(graph, analysis, verify_run), **arguments)
         driver.run(graph, analysis, resources, config, needs_horovod=True)
     runner = worker.start(graph, analysis, config, needs_horovod=True)
     return monitored.monitored_session(runner, any_worker_stops=monitored.horovod_any(),

@@ -69,7 +69,7 @@ Shell = Union[SSHConfig, SrunConfig]  # how processes start on other hosts
 def _remote_shell(resources: str, config: Config) -> Shell:
     """How processes start on other hosts: as Slurm job steps in an allocation's resources,
     else over ssh."""
-    if resources.strip() == slurm.SLURM:
+    if slurm.names_allocation(resources):
         return SrunConfig.from_env()
     try:
         return config.ssh or SSHConfig.from_env()

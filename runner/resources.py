@@ -53,9 +53,9 @@ def load_resources(spec: str) -> List[Host]:
     if not isinstance(spec, str) or not spec.strip():
         raise ResourceError("resources must be a resource file path, a string such as "
                             f"'localhost:0,1', or 'slurm', got {spec!r}")
-    if spec.strip() == "slurm" and not os.path.exists(spec):
-        from runner import slurm  # pylint: disable=import-outside-toplevel  (imports this)
+    from runner import slurm  # pylint: disable=import-outside-toplevel  (it imports this)
 
+    if slurm.names_allocation(spec):
         return slurm.allocation_hosts()
     if "\n" not in spec and "\0" not in spec and os.path.isfile(spec):
         return parse_resources(_read_text(spec).split("\n"), source=spec)

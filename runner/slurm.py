@@ -28,6 +28,11 @@ _RANGE = re.compile(r"^([0-9]{1,9})(?:-([0-9]{1,9}))?$", re.ASCII)
 _TASKS = re.compile(r"^([0-9]{1,5})(?:\(x([0-9]{1,6})\))?$", re.ASCII)
 
 
+def names_allocation(resources: str) -> bool:
+    """Whether resources are the allocation's ("slurm"), not a resource file of that name."""
+    return resources.strip() == SLURM and not os.path.exists(resources)
+
+
 def in_allocation(env: Mapping[str, str] = os.environ) -> bool:
     return bool(env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_NODELIST"))
 

@@ -344,6 +344,11 @@ _AVERAGEABLE_WRITES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVari
 _DATA_SOURCES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead")
 _PER_WORKER_SOURCES = _DATA_SOURCES + ("Random", "TruncatedNormal", "Multinomial")
 RESTORE_OP_TYPES = ("RestoreV2", "Restore", "RestoreSlice")
+# Random ops that draw from a state of their own, which each session starts anew.
+STATEFUL_RANDOM_OP_TYPES = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop"})
 
 
 def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:

@@ -17,7 +17,7 @@ from parallax.cluster import Cluster
 from parallax import tf_private
 from parallax.partitioner import Partitioned, partitioned_variables, shard_name
 from parallax.planning import cost, split_rules
-from parallax.planning.analysis import GraphAnalysis, upstream_ops
+from parallax.planning.analysis import STATEFUL_RANDOM_OP_TYPES, GraphAnalysis, upstream_ops
 from parallax.planning.measure import Cores, Measurements, measure
 from parallax.planning.plan import Decision, rule
 from parallax.planning.rows import rows_can_be_summed
@@ -154,22 +154,16 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
 ALTERNATIVES = (("AR's rule", cost.ALLGATHER), ("HYBRID's rule", cost.PS))
 
 
-# Stateful random ops: a session of another plan would draw their numbers again from the start.
-_RANDOM_OPS = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
-    "RandomShuffle", "Multinomial", "RandomCrop"})
-
-
 def _why_untried(graph: tf.Graph, analysis: GraphAnalysis) -> Optional[str]:
     """Why the plans cannot take turns on the training steps, or None: a plan change starts a
     new session, which carries the variables and a tf.data iterator's position over, but
-    starts a queue-based input pipeline or a random op of the step over."""
+    starts a queue-based input pipeline or a random op of the step over (its numbers drawn
+    again from the start)."""
     if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
         return "its input comes from queue runners, which a new session would start over"
     step = upstream_ops([graph.get_operation_by_name(name)
                          for name in dict.fromkeys(analysis.training_writes)])
-    drawn = sorted(op.name for op in step if op.type in _RANDOM_OPS)
+    drawn = sorted(op.name for op in step if op.type in STATEFUL_RANDOM_OP_TYPES)
     if drawn:
         return (f"its step draws random numbers ({drawn[0]!r}), which a new session would "
                 "draw again from the start")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
 
 from parallax import tf_private
 from parallax.contracts import VerifyRun
-from parallax.planning.analysis import GraphAnalysis
+from parallax.planning.analysis import STATEFUL_RANDOM_OP_TYPES, GraphAnalysis
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check
 
@@ -33,14 +33,12 @@ from parallax.runtime import input_check
 DRAW_OP_TYPES = frozenset({
     "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
     "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2"})
-# Draws that are not one per example (a sampled softmax's candidates for the whole batch, a
-# shuffle), and Python inside the graph, whose input cannot be recorded: not comparable.
-UNCOMPARABLE_OP_TYPES = frozenset({
-    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
-    "RandomShuffle", "Multinomial", "RandomCrop", "LogUniformCandidateSampler",
-    "UniformCandidateSampler", "FixedUnigramCandidateSampler", "LearnedUnigramCandidateSampler",
-    "ThreadUnsafeUnigramCandidateSampler", "AllCandidateSampler", "PyFunc", "PyFuncStateless",
-    "EagerPyFunc"})
+# The other draws are not one per example (a sampled softmax's candidates for the whole batch,
+# a shuffle), and Python inside the graph has input that cannot be recorded: not comparable.
+UNCOMPARABLE_OP_TYPES = (STATEFUL_RANDOM_OP_TYPES - DRAW_OP_TYPES) | frozenset({
+    "LogUniformCandidateSampler", "UniformCandidateSampler", "FixedUnigramCandidateSampler",
+    "LearnedUnigramCandidateSampler", "ThreadUnsafeUnigramCandidateSampler",
+    "AllCandidateSampler", "PyFunc", "PyFuncStateless", "EagerPyFunc"})
 ONE_DEVICE_EXIT = 3  # the one-device run stopped at a problem (problem.txt)
 
 
@@ -48,6 +46,12 @@ def variables(graph: tf.Graph) -> List[tf.Variable]:
     """Every variable of the script's graph: slots, moving averages and metrics' too."""
     return (graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
             + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES))
+
+
+def variable_values(graph: tf.Graph, run) -> Dict[str, np.ndarray]:
+    """Every variable of `graph` by name, read with `run` (a session's or a runner's)."""
+    found = variables(graph)
+    return dict(zip([v.op.name for v in found], run(found)))
 
 
 def _save(path: str, values: Dict[str, np.ndarray]) -> None:
@@ -155,11 +159,14 @@ class ReplayRunner(tf_private.SessionInterface):
         reached = input_check.reached(ops, fed)
         if self._steps < self.run_settings.steps and reached & self._writes:
             self._steps += 1
+            records = [np.load(os.path.join(folder, f"step{self._steps}.npz"))
+                       for folder in self._workers]
             if self._steps == 1:
-                self._start(reached)
+                self._start(reached, set(records[0].files))
+            combined = self._combined_inputs(records)
             feeds = {key: value for key, value in feeds.items()
-                     if self.graph.as_graph_element(key).name not in self._recorded_names()}
-            feeds.update(self._combined_inputs())
+                     if self.graph.as_graph_element(key) not in combined}
+            feeds.update(combined)
             try:
                 result = self.session.run(fetches, feeds, options, run_metadata)
             except (ValueError, tf.errors.InvalidArgumentError) as error:
@@ -167,7 +174,7 @@ class ReplayRunner(tf_private.SessionInterface):
                            f"of step {self._steps} joined: {str(error).splitlines()[0]}")
             if self._steps == self.run_settings.steps:
                 _save(os.path.join(self.run_settings.folder, "one_device.npz"),
-                      self._values())
+                      variable_values(self.graph, self.session.run))
                 raise SystemExit(0)
             return result
         return self.session.run(fetches, feeds, options, run_metadata)
@@ -187,10 +194,9 @@ class ReplayRunner(tf_private.SessionInterface):
         element = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
         return getattr(element, "op", element)
 
-    def _start(self, reached) -> None:
-        """Before the first training step: what makes it incomparable, then the chief's
-        values."""
-        recorded = set(self._recorded_names())
+    def _start(self, reached, recorded) -> None:
+        """Before the first training step (whose `recorded` inputs are named): what makes it
+        incomparable, then the chief's values."""
         drawn = sorted(op.name for op in reached if op.type in DRAW_OP_TYPES
                        and op.outputs[0].name not in recorded)
         if drawn:
@@ -208,13 +214,9 @@ class ReplayRunner(tf_private.SessionInterface):
         self.session.run([v.initializer for v in found], {
             v.initializer.inputs[1]: initial[v.op.name] for v in found})
 
-    def _recorded_names(self) -> Sequence[str]:
-        return np.load(os.path.join(self._workers[0], f"step{self._steps}.npz")).files
-
-    def _combined_inputs(self) -> Dict[tf.Tensor, np.ndarray]:
-        """The step's recorded inputs of every worker, joined along the batch axis."""
-        steps = [np.load(os.path.join(folder, f"step{self._steps}.npz"))
-                 for folder in self._workers]
+    def _combined_inputs(self, steps) -> Dict[tf.Tensor, np.ndarray]:
+        """The step's recorded inputs of every worker (`steps`, each worker's record), joined
+        along the batch axis."""
         if not steps[0].files:
             self._stop("the step reads no input verify can record: it records a step's "
                        "input where it enters the graph (tf.data iterators, input queues, "
@@ -237,10 +239,6 @@ class ReplayRunner(tf_private.SessionInterface):
                 self._stop(f"the workers' {name!r} of step {self._steps} cannot be joined "
                            f"along the batch axis (shapes {[p.shape for p in parts]})")
         return combined
-
-    def _values(self) -> Dict[str, np.ndarray]:
-        found = variables(self.graph)
-        return dict(zip([v.op.name for v in found], self.session.run(found)))
 
     def _stop(self, problem: str) -> None:
         with open(os.path.join(self.run_settings.folder, "problem.txt"), "w") as out:

@@ -130,7 +130,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         checked = self._step_inputs(mapped, feeds)
         if self._recorder is not None and self._recorder.needs_initial and (
                 self._steps.is_training((mapped, reported, checked), feeds)):
-            self._recorder.write_initial(self._variable_values())
+            self._recorder.write_initial(recording.variable_values(self.graph, self.run))
         traced = False
         if self._profiler is not None:
             options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
@@ -161,7 +161,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         if training and self._recorder is not None and self._recorder.active:
             if self._recorder.write_step({name.partition(" ")[2]: value
                                           for name, value in inputs.items()}):
-                self._recorder.finish(self._variable_values())
+                self._recorder.finish(recording.variable_values(self.graph, self.run))
         return result
 
     def _step_inputs(self, fetches, feeds) -> List[tf.Tensor]:
@@ -186,10 +186,6 @@ class ParallaxRunner(tf_private.SessionInterface):
                       for t, v in input_check.fed_data(feeds or {}).items()})
         return named
 
-    def _variable_values(self) -> Dict[str, object]:
-        """Every variable of the user's graph, by name (recording.variables)."""
-        found = recording.variables(self.graph)
-        return dict(zip([v.op.name for v in found], self.run(found)))
 
     def close(self) -> None:
         """Save a last checkpoint (when configured) and close the session."""
