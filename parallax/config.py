@@ -135,9 +135,10 @@ class Config:
         aggregation or steps in common (no worker waits for another); dense variables of
         HYBRID keep their allreduce, in step. Needs parameter servers (PS, HYBRID).
     trial_steps: under AUTO, when the cost model chooses parameter servers, the job first
-        trains this many steps with each of the plans it times (its sparse variables
-        allgathered as in AR, all on servers as in HYBRID, then the cost model's choice), the
-        first two of each untimed, and keeps the plan whose steps were fastest on the cluster.
+        trains this many steps with each of the plans it times (the run options' rules where
+        they differ from its choice: sparse variables allgathered as in AR, on servers as in
+        HYBRID, every variable on servers as in PS; then the cost model's choice), the first
+        two of each untimed, and keeps the plan whose steps were fastest on the cluster.
         They are real training steps: each plan goes on from the last one's variables and
         input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a

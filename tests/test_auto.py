@@ -453,11 +453,13 @@ def test_describe_shows_a_variable_the_driver_did_not_measure_without_figures():
 
 def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
     """AUTO's alternatives (Config.trial_steps): the same splits and shards, the sparse
-    variables allgathered (AR's rule) or all on servers (HYBRID's, when it differs), each with
-    its predicted step; the workers train on the fastest measured (runtime/trials.py)."""
+    variables allgathered (AR's rule), on servers (HYBRID's, when it differs), or every
+    variable on servers (PS's rule), each with its predicted step; the workers train on the
+    fastest measured (runtime/trials.py)."""
     graph = _graph(vocab=100_000, ids_per_batch=500)
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
-    assert [a["name"] for a in decision.alternatives] == ["AR's rule"]  # HYBRID's is chosen
+    # HYBRID's is chosen
+    assert [a["name"] for a in decision.alternatives] == ["AR's rule", "PS's rule"]
     allgathered = decision.alternative(0)
     assert allgathered.name == "AR's rule" and allgathered.alternatives == []
     assert set(allgathered.methods) == set(decision.methods)  # table/part_0, table/part_1, w
@@ -467,6 +469,26 @@ def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
                        Config(run_option="AUTO"), TWO_MACHINES, decision=d)
              for d in (decision, allgathered)]
     assert [p.run_option for p in plans] == ["HYBRID", "AR"]
+    on_servers = decision.alternative(1)
+    assert set(on_servers.methods) == set(decision.methods)
+    assert {m["how"] for m in on_servers.methods.values()} == {cost.PS}
+    assert on_servers.methods["w"]["server"] in (0, 1) and on_servers.step > 0
+    plan = make_plan(analyze(split_variables(copy_graph(graph), {"table": 2})),
+                     Config(run_option="AUTO"), TWO_MACHINES, decision=on_servers)
+    assert plan.run_option == "PS"
+
+
+def test_a_rule_that_would_put_a_variable_the_gradients_wait_for_on_a_server_is_not_timed():
+    """A moving average updated before the gradients (kept off the servers) rules PS's out."""
+    graph = _graph(vocab=100_000, ids_per_batch=500)
+    with graph.as_default():
+        w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
+        average = tf.compat.v1.get_variable("average", [], initializer=tf.zeros_initializer())
+        with tf.control_dependencies([average.assign(tf.reduce_mean(w))]):
+            loss = tf.reduce_sum(w * average)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert "PS's rule" not in [a["name"] for a in decision.alternatives]
 
 
 def test_a_plan_allreducing_every_table_is_not_timed():

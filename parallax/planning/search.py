@@ -125,11 +125,10 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     elif on_servers:
         shards = {**{name: range(count, count + 1) for _, name, count in partitions},
                   **{name: range(count, count + 1) for name, count in splits.items()}}
-        for label, sparse_how in ALTERNATIVES:
-            rule_hows = {name: sparse_how if var.sparse else cost.ALLREDUCE
+        for label, dense_how, sparse_how in ALTERNATIVES:
+            rule_hows = {name: sparse_how if var.sparse else dense_how
                          for name, var in merged.items()}
-            if sparse_how == cost.PS and off_servers & {
-                    name for name, how in rule_hows.items() if how == cost.PS}:
+            if off_servers & {name for name, how in rule_hows.items() if how == cost.PS}:
                 continue  # a variable the gradients wait for cannot go to a server
             alternative, alternative_staged = cost.choose_with_allreduce_form(
                 list(merged.values()), shape, links, hierarchical_allreduce,
@@ -150,15 +149,21 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
 
 
 # The plans AUTO also times on the cluster (Config.trial_steps) when the cost model chooses
-# parameter servers: its sparse variables allgathered (AR's rule, always), or all on servers.
-ALTERNATIVES = (("AR's rule", cost.ALLGATHER), ("HYBRID's rule", cost.PS))
+# parameter servers, as (name, how dense variables and how sparse ones are synchronized): the
+# run options' rules. PS's wins where a step is bound by CPU rather than bytes (nmt at 1 and
+# 10 Gbit on this machine's 2 shared cores: 102 and 92 ms against AUTO's 109 and 116).
+ALTERNATIVES = (("AR's rule", cost.ALLREDUCE, cost.ALLGATHER),
+                ("HYBRID's rule", cost.ALLREDUCE, cost.PS),
+                ("PS's rule", cost.PS, cost.PS))
 
 
 def _why_untried(graph: tf.Graph, analysis: GraphAnalysis) -> Optional[str]:
     """Why the plans cannot take turns on the training steps, or None: a plan change starts a
     new session, which carries the variables and a tf.data iterator's position over, but
     starts a queue-based input pipeline or a random op of the step over (its numbers drawn
-    again from the start)."""
+    again from the start). A candidate sampler (sampled softmax, nce_loss) would start over
+    too, but it does not count: each worker draws its own candidates, so such a step equals
+    one device's in no plan, and the trials lose nothing of it."""
     if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
         return "its input comes from queue runners, which a new session would start over"
     step = upstream_ops([graph.get_operation_by_name(name)

@@ -239,6 +239,8 @@ def main():
                         help="fetch the sparse gradients with the train op (see _train)")
     parser.add_argument("--checkpoint", action="store_true",
                         help="the chief's checkpoints (CheckpointConfig) in OUT/ckpt/CONFIG")
+    parser.add_argument("--trial-steps", type=int, default=parallax.Config.trial_steps,
+                        help="Config(trial_steps=N): AUTO's steps with each plan it times")
     args = parser.parse_args()
     if args.dense_ids:
         set_dense_ids()
@@ -248,7 +250,7 @@ def main():
         search_partitions=args.search_partitions,
         split_variables=True if args.split_variables else None,
         hierarchical_allreduce=True if args.hierarchical_allreduce else None,
-        ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
+        trial_steps=args.trial_steps, ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for config in args.configs:
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
         if args.checkpoint:  # saved when the runner closes
