@@ -49,8 +49,8 @@ def init_horovod(cluster: Cluster, machine_stages: bool) -> None:
 
 def leave_horovod() -> None:
     """Stop Horovod's background thread, which coordinates the workers every cycle even with no
-    tensor pending (idle, 4 workers on 2 cores took 130-660 ms of CPU a second): for a plan
-    AUTO kept that needs no Horovod. A later get_runner call that does joins it again."""
+    tensor pending (idle, 4 workers on 2 cores took 130-660 ms of CPU a second): while a plan
+    AUTO's trials run, or kept, needs no Horovod. init_horovod joins it again."""
     if hvd.is_initialized():
         hvd.shutdown()
 
