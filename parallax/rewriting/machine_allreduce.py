@@ -19,6 +19,7 @@ from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
 
 CYCLE_TIME_MS = 5
+_joined_with_stages = False  # whether this process joined Horovod with the stages' sets
 
 
 def init_horovod(cluster: Cluster, machine_stages: bool) -> None:
@@ -53,9 +54,6 @@ def leave_horovod() -> None:
     AUTO's trials run, or kept, needs no Horovod. init_horovod joins it again."""
     if hvd.is_initialized():
         hvd.shutdown()
-
-
-_joined_with_stages = False
 
 
 def _process_set(groups, index: int) -> hvd.ProcessSet:
