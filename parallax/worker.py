@@ -103,8 +103,7 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         # whose workers agree on stopping (runtime/monitored.py)
         from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
 
-        stages = any(plan.hierarchical_allreduce for _, _, plan in plans)
-        machine_allreduce.init_horovod(cluster, stages)
+        machine_allreduce.init_horovod(cluster)
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
     # AUTO's trials time the alternatives first and the cost model's choice last: where it
@@ -124,8 +123,7 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
     if len(runners) == 1:
         return runners[0]
-    candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner,
-                                   uses_horovod=plan.uses_horovod)
+    candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner)
                   for (_, _, plan), runner in zip(plans, runners)]
 
     def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
@@ -135,14 +133,8 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
 
-    def join_horovod() -> None:
-        machine_allreduce.init_horovod(cluster, stages)
-        if heartbeat is not None:
-            heartbeat.announce_exit()  # again before Horovod's new atexit shutdown
-
-    horovod = None if needs_horovod else (join_horovod, machine_allreduce.leave_horovod)
     return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
-                              build_seconds, horovod)
+                              build_seconds)
 
 
 def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan: Plan,

@@ -76,26 +76,6 @@ def test_the_chiefs_timings_decide_on_every_worker():
     assert kept == [candidates[1]] and [c.measured for c in candidates] == [0.05, 0.02]
 
 
-def test_horovod_is_left_while_a_plan_without_it_trains(monkeypatch):
-    """Joined for every switch and the agreement (collectives), left for the steps of a plan
-    that does not use it: its idle cycles cost every worker CPU."""
-    monkeypatch.setattr(trials, "WARMUP_STEPS", 1)
-    monkeypatch.setattr(trials, "carry", lambda *_: events.append("carry"))
-    events = []
-    candidates = [trials.Candidate(f"plan {i}", None, _Runner(s), uses_horovod=uses)
-                  for i, (s, uses) in enumerate([(0.03, True), (0.01, False), (0.02, True)])]
-    runner = trials.TrialRunner(
-        candidates, 3, lambda values: (events.append("agree"), values)[1],
-        lambda _, candidate: events.append(f"kept {candidate.name}"), 0.0,
-        (lambda: events.append("join"), lambda: events.append("leave")))
-    for _ in range(9):
-        runner.run("train")
-    assert events == ["join", "carry", "leave",  # to plan 1, which needs no Horovod
-                      "join", "carry",  # to plan 2
-                      "join", "agree", "join", "carry", "leave",  # back to plan 1, the fastest
-                      "leave", "kept plan 1"]
-
-
 class _Session:
     """A plan's graph and session, as carry reads them off a runner."""
 

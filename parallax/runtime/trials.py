@@ -16,7 +16,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -40,7 +40,6 @@ class Candidate:
     predicted: Optional[float]  # seconds of a step, as the cost model predicted
     runner: ParallaxRunner
     measured: Optional[float] = None  # median seconds of its timed steps, as the chief saw
-    uses_horovod: bool = True  # its steps need Horovod (replicas, collectives)
 
 
 class TrialRunner(ParallaxRunner):
@@ -51,17 +50,11 @@ class TrialRunner(ParallaxRunner):
     # The runner of the plan in use holds the session: nothing of ParallaxRunner's to set up.
     def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=W0231
                  agree: Callable[[np.ndarray], np.ndarray],
-                 on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float,
-                 horovod: Optional[Tuple[Callable[[], None], Callable[[], None]]] = None):
+                 on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float):
         self._candidates = candidates
         self._trial_steps = steps
         self._agree = agree  # the chief's vector, on every worker (a collective: a barrier)
         self._on_kept = on_kept
-        # (join, leave) Horovod, which every switch and the agreement need, and a later plan's
-        # steps only if it uses it (the first plan, AR's rule, does); None: Horovod stays (the
-        # script needs it anyway). Leaving stops every worker's Horovod, so each worker
-        # leaves only after a collective: a switch's, or the agreement.
-        self._horovod = horovod
         self._index = 0
         self._times: List[float] = []
         self._kept: Optional[Candidate] = None
@@ -126,7 +119,6 @@ class TrialRunner(ParallaxRunner):
         if self._index + 1 < len(self._candidates):
             self._switch(self._index + 1)
             return
-        self._join_horovod()
         agreed = self._agree(np.array([c.measured for c in self._candidates], np.float64))
         for candidate, seconds in zip(self._candidates, agreed):
             candidate.measured = float(seconds)
@@ -137,27 +129,13 @@ class TrialRunner(ParallaxRunner):
         for candidate in self._candidates:
             if candidate is not self._kept:
                 candidate.runner.close_after_trial()
-        self._horovod_for(self._kept)
         self._on_kept(self, self._kept)
 
     def _switch(self, index: int) -> None:
         started = time.perf_counter()
-        self._join_horovod()
         carry(self.current, self._candidates[index].runner, self._agree)
         self._index = index
-        self._horovod_for(self._candidates[index])
         self.overhead["switch"] += time.perf_counter() - started
-
-    def _join_horovod(self) -> None:
-        if self._horovod is not None:
-            self._horovod[0]()
-
-    def _horovod_for(self, candidate: Candidate) -> None:
-        """Leave Horovod while a plan that does not use it trains: its background thread
-        coordinates the workers every cycle even with nothing to reduce (machine_allreduce.
-        leave_horovod)."""
-        if self._horovod is not None and not candidate.uses_horovod:
-            self._horovod[1]()
 
 
 def carry(old: ParallaxRunner, new: ParallaxRunner,
