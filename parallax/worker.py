@@ -103,7 +103,8 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         # whose workers agree on stopping (runtime/monitored.py)
         from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
 
-        machine_allreduce.init_horovod(cluster)
+        machine_allreduce.init_horovod(
+            cluster, any(plan.hierarchical_allreduce for _, _, plan in plans))
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
     # AUTO's trials time the alternatives first and the cost model's choice last: where it
@@ -125,11 +126,14 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         return runners[0]
     candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner)
                   for (_, _, plan), runner in zip(plans, runners)]
+    needs = {id(runner): plan.uses_horovod for (_, _, plan), runner in zip(plans, runners)}
 
     def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
         if candidate.runner is not runners[0]:
             candidate.runner.take_checkpointer(Checkpointer(
                 candidate.runner.transformed_graph, config.ckpt_config, cluster.is_chief))
+        if not needs_horovod and not needs[id(candidate.runner)]:
+            machine_allreduce.leave_horovod()  # joined for the trials only
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
 

@@ -425,7 +425,6 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._progress = Progress()
         self._run_started: Optional[float] = None
-        self._exit_announced = False
         self.digests_reported = False
         self._refusal: Optional[str] = None  # the last unsigned refusal, for the stop's reason
         # Started before grpc's channel: grpc's threads and a fork do not mix (see above).
@@ -497,11 +496,10 @@ class Heartbeat:
 
     def announce_exit(self) -> None:
         """Tell the driver when this process starts exiting (it stops beating, and may take a
-        while): registered with atexit now, it runs before the handlers registered earlier,
-        such as Horovod's shutdown."""
-        if not self._exit_announced:
-            self._exit_announced = True
-            atexit.register(self._exiting)
+        while): registered with atexit now (again, after a process joins Horovod again), it
+        runs before the handlers registered earlier, such as Horovod's shutdown."""
+        atexit.unregister(self._exiting)
+        atexit.register(self._exiting)
 
     def _exiting(self) -> None:
         try:

@@ -4,6 +4,7 @@ import collections
 import contextlib
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from runner.link_probe import probe
 from runner.output import PAST_STARTUP, OutputFilter
 from runner.process import GRACE_SECONDS, JobFailed, ProcessSpec, run_processes
 from runner.progress import ProgressDisplay, plot, summarize
+from runner import rendezvous as gloo_rendezvous
 from runner.rendezvous import GlooRendezvous
 from runner.ssh import SSHConfig
 
@@ -540,6 +542,32 @@ def test_the_control_plane_and_rendezvous_listen_on_the_jobs_address_only():
     finally:
         rendezvous.stop()
         control.stop()
+
+
+def test_a_new_rendezvous_round_forgets_every_scope_and_obeys_only_the_jobs_ranks(
+        monkeypatch):
+    with GlooRendezvous([("127.0.0.1", 2), ("127.0.0.2", 2)], "127.0.0.1") as rendezvous:
+        env = rendezvous.env_for_rank(3)
+
+        def call(method, path, body=None):
+            connection = http.client.HTTPConnection("127.0.0.1", rendezvous.port, timeout=10)
+            connection.request(method, path, body)
+            status = connection.getresponse().status
+            connection.close()
+            return status
+
+        # What Horovod leaves behind: a scope whose keys outlive its round, a process set's.
+        for path in ("/cross_1/rank_0", "/global_process_set_hash_1e9d/rank_2"):
+            assert call("PUT", path, b"an old address") == 200
+        assert call("DELETE", "/parallax_next_round/" + "0" * 32) == 403
+        assert call("GET", "/cross_1/rank_0") == 200  # refused: nothing forgotten
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        gloo_rendezvous.next_round()
+        for path in ("/cross_1/rank_0", "/global_process_set_hash_1e9d/rank_2"):
+            assert call("GET", path) == 404
+        assert call("PUT", "/global/rank_0", b"a new address") == 200  # a new round
+        assert call("GET", "/global/rank_0") == 200
 
 
 @pytest.mark.job

@@ -40,6 +40,11 @@ JOBS = {
                                                   "--hierarchical-allreduce"]),
     "HYBRID-lstm-machine-stages": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID",
                                                           "--hierarchical-allreduce"]),
+    # Horovod joined without the stages' process sets (idle, they cost CPU every cycle), again
+    # with them for a later runner in stages, and again after leaving it (AUTO's trials leave
+    # it when the plan they keep needs none).
+    "AR-rejoining-horovod": ("dense", TWO_MACHINES, ["--run-option", "AR",
+                                                     "--rejoin-horovod"]),
     # Ids made unique before the lookup (embedding_lookup_sparse): one device's gradient has
     # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
     "AR-lookup-sparse": ("lookup-sparse", "localhost:0,1", ["--run-option", "AR"]),

@@ -1,16 +1,22 @@
 """Allreduce in machine stages (Config.hierarchical_allreduce): which workers form its groups,
 when a plan uses it, and the collectives each worker's graph runs (built in-process; the
-numbers are checked against one device by the equivalence jobs *-machine-stages)."""
+numbers are checked against one device by the equivalence jobs *-machine-stages), and
+joining Horovod again in one job, with and without their process sets."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 import parallax
-from conftest import load_workload
+from conftest import REPO, WORKLOADS, load_workload
 from parallax.planning import cost
 from parallax.planning.analysis import analyze
 from parallax.planning.search import Decision
 from parallax.cluster import Cluster
 from parallax.rewriting.pipeline import transform
 from parallax.planning.plan import make_plan
+from runner.rendezvous import GlooRendezvous
 
 equivalence = load_workload("equivalence")
 
@@ -69,3 +75,29 @@ def test_each_gradient_is_summed_in_its_machine_across_its_position_then_shared(
             if op.type == "HorovodAllreduce"]
     assert sets.count(within) == 2 * gradients and sets.count(across) == gradients
     assert set(sets) == {within, across}
+
+
+@pytest.mark.job
+def test_workers_join_horovod_again_and_again_with_and_without_the_stages_process_sets():
+    """Horovod's rendezvous server keeps some scopes' keys after a round (runner/rendezvous.py):
+    without a new round, a join read a peer's old address by the 2nd to 12th join here (gloo:
+    connection refused, send timeouts)."""
+    rounds = 12
+    with GlooRendezvous([("127.0.0.1", 2), ("127.0.0.2", 2)], "127.0.0.1") as rendezvous:
+        workers = [subprocess.Popen(
+            [sys.executable, os.path.join(WORKLOADS, "rejoin.py"), str(rounds)], cwd=REPO,
+            env=dict(os.environ, **rendezvous.env_for_rank(rank, gloo_iface="lo"),
+                     HOROVOD_GLOO_TIMEOUT_SECONDS="20", PYTHONPATH=REPO),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(4)]
+        try:
+            outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+        finally:
+            for worker in workers:
+                worker.kill()
+    # Each worker's sums: all four (1+2+3+4), then its machine's and its position's.
+    in_stages = [[10.0, 3.0, 4.0], [10.0, 3.0, 6.0], [10.0, 7.0, 4.0], [10.0, 7.0, 6.0]]
+    for rank, (worker, output) in enumerate(zip(workers, outputs)):
+        assert worker.returncode == 0, output[-3000:]
+        lines = [line for line in output.splitlines() if line.startswith("round ")]
+        assert lines == [f"round {r}: {in_stages[rank] if r % 2 else [10.0]}"
+                         for r in range(rounds)], output[-3000:]

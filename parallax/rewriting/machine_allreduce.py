@@ -17,24 +17,59 @@ from horovod.tensorflow.mpi_ops import _allreduce as allreduce_op
 
 from parallax.cluster import Cluster
 from parallax.errors import ParallaxError
+from runner import rendezvous
 
 CYCLE_TIME_MS = 5
 
 
-def init_horovod(cluster: Cluster) -> None:
-    """hvd.init with the process sets of the machine stages, whether this plan uses them or not:
-    a process joins Horovod once, for every get_runner call it makes."""
-    sets = [hvd.ProcessSet(workers) for workers in cluster.machine_groups()]
-    if sets:
+def init_horovod(cluster: Cluster, machine_stages: bool) -> None:
+    """hvd.init, with the process sets of the machine stages when a plan of this get_runner
+    call uses them (a later call's plan that does joins Horovod again with them), or again
+    after leave_horovod."""
+    global _joined_with_stages  # pylint: disable=global-statement
+    if hvd.is_initialized() and (_joined_with_stages or not machine_stages):
+        return
+    leave_horovod()
+    if cluster.machine_groups():
         # Every Horovod cycle coordinates each process set a worker is in, tensors pending or
         # not: three sets instead of one cost a worker 5 ms of CPU a step on the LM benchmark
         # at the default 1 ms cycle, none at 5 ms (unless the user set the cycle).
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CYCLE_TIME_MS))
+    # Not when unused: idle, 4 workers on 2 cores at 5 ms cycles took 130 ms of CPU a second
+    # without them, 480-660 with them.
+    sets = ([hvd.ProcessSet(workers) for workers in cluster.machine_groups()]
+            if machine_stages else [])
     hvd.init(process_sets=sets)
+    _joined_with_stages = machine_stages
     if [s.process_set_id for s in sets] != list(range(1, len(sets) + 1)):
         raise ParallaxError(f"Horovod numbered the process sets of the machine stages "
                             f"{[s.process_set_id for s in sets]}, not 1 to {len(sets)} in order: "
                             "was hvd.init called before parallax.get_runner?")
+
+
+def leave_horovod() -> None:
+    """Stop Horovod's background thread, which coordinates the workers every cycle even with no
+    tensor pending (idle, 4 workers on 2 cores took 130-660 ms of CPU a second): for a plan
+    AUTO kept that needs no Horovod, or to join again with other process sets. Every worker
+    calls it at the same point: one worker's hvd.shutdown stops every worker's Horovod."""
+    if not hvd.is_initialized():
+        return
+    _barrier()  # every worker is past this round's rendezvous: its keys can go,
+    if hvd.rank() == 0:
+        rendezvous.next_round()
+    _barrier()  # and before any worker joins again
+    hvd.shutdown()
+
+
+def _barrier() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        done = hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="parallax_leaving_horovod")
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(done)
+
+
+_joined_with_stages = False
 
 
 def _process_set(groups, index: int) -> hvd.ProcessSet:

@@ -241,6 +241,10 @@ def main():
                         help="the chief's checkpoints (CheckpointConfig) in OUT/ckpt/CONFIG")
     parser.add_argument("--trial-steps", type=int, default=parallax.Config.trial_steps,
                         help="Config(trial_steps=N): AUTO's steps with each plan it times")
+    parser.add_argument("--rejoin-horovod", action="store_true",
+                        help="the second config's runner in machine stages (joining Horovod "
+                        "again with the process sets), then Horovod left, as after AUTO's "
+                        "trials kept a plan without it, and joined again by the third's")
     args = parser.parse_args()
     if args.dense_ids:
         set_dense_ids()
@@ -252,8 +256,10 @@ def main():
         hierarchical_allreduce=True if args.hierarchical_allreduce else None,
         trial_steps=args.trial_steps,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
-    for config in args.configs:
+    for index, config in enumerate(args.configs):
         graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
+        if args.rejoin_horovod:
+            config_of_job.hierarchical_allreduce = index == 1
         if args.checkpoint:  # saved when the runner closes
             config_of_job.ckpt_config = parallax.CheckpointConfig(
                 ckpt_dir=os.path.join(args.out, "ckpt", config))
@@ -262,6 +268,10 @@ def main():
         np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
                  global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
         runner.close()
+        if args.rejoin_horovod and index == 1:
+            from parallax.rewriting import machine_allreduce  # pylint: disable=C0415
+
+            machine_allreduce.leave_horovod()
 
 
 if __name__ == "__main__":
