@@ -138,7 +138,8 @@ class Config:
         trains this many steps with each of the plans it times (the run options' rules where
         they differ from its choice: sparse variables allgathered as in AR, on servers as in
         HYBRID, every variable on servers as in PS; then the cost model's choice), the first
-        two of each untimed, and keeps the plan whose steps were fastest on the cluster.
+        half of each untimed (a plan's steps get faster over its first 10-15 here), and keeps
+        the plan whose steps were fastest on the cluster.
         They are real training steps: each plan goes on from the last one's variables and
         input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a
@@ -177,7 +178,7 @@ class Config:
     profile_config: Optional[ProfileConfig] = None
     export_graph_path: Optional[str] = None
     sync: bool = True
-    trial_steps: int = 10
+    trial_steps: int = 30
     warn_unsharded_input: bool = True
     verify_steps: int = 0
 
@@ -208,7 +209,7 @@ class Config:
                              "resumes from its latest checkpoint")
         if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
                 0 < self.trial_steps < 3):
-            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (two steps to "
+            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (the first half to "
                              f"warm up, then timed ones), got {self.trial_steps!r}")
         if not isinstance(self.verify_steps, int) or self.verify_steps < 0:
             raise ValueError(f"verify_steps must be a whole number of training steps (0: "

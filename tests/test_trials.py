@@ -35,8 +35,7 @@ def _trial_runner(seconds, switches, kept):
     return runner, candidates
 
 
-def test_each_plan_trains_its_steps_then_the_fastest_is_kept(monkeypatch):
-    monkeypatch.setattr(trials, "WARMUP_STEPS", 1)
+def test_each_plan_trains_its_steps_then_the_fastest_is_kept():
     switches, kept = [], []
     runner, candidates = _trial_runner([0.03, 0.01, 0.02], switches, kept)
     for _ in range(9):
