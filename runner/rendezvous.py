@@ -61,7 +61,7 @@ def next_round() -> None:
     Horovod again. Horovod's server forgets a finished rendezvous only in part: when one scope
     completes it clears every scope's list of finished ranks, so the other scopes' keys stay,
     and it never clears the process sets' scopes. A second hvd.init then read a peer's address
-    from the first (gloo: connection refused, send timeouts) on the 2nd to 4th join. Without a
+    from the first (gloo: connection refused, send timeouts) within a few joins. Without a
     rendezvous (one process), nothing to forget."""
     if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in os.environ:
         return
