@@ -126,13 +126,12 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         return runners[0]
     candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner)
                   for (_, _, plan), runner in zip(plans, runners)]
-    needs = {id(runner): plan.uses_horovod for (_, _, plan), runner in zip(plans, runners)}
 
     def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
         if candidate.runner is not runners[0]:
             candidate.runner.take_checkpointer(Checkpointer(
                 candidate.runner.transformed_graph, config.ckpt_config, cluster.is_chief))
-        if not needs_horovod and not needs[id(candidate.runner)]:
+        if not needs_horovod and not plans[runners.index(candidate.runner)][2].uses_horovod:
             machine_allreduce.leave_horovod()  # joined for the trials only
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))

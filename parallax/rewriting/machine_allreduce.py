@@ -54,19 +54,15 @@ def leave_horovod() -> None:
     calls it at the same point: one worker's hvd.shutdown stops every worker's Horovod."""
     if not hvd.is_initialized():
         return
-    _barrier()  # every worker is past this round's rendezvous: its keys can go,
-    if hvd.rank() == 0:
-        rendezvous.next_round()
-    _barrier()  # and before any worker joins again
-    hvd.shutdown()
-
-
-def _barrier() -> None:
     graph = tf.Graph()
     with graph.as_default():
-        done = hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="parallax_leaving_horovod")
+        barrier = hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="parallax_leaving_horovod")
     with tf.compat.v1.Session(graph=graph) as session:
-        session.run(done)
+        session.run(barrier)  # every worker is past this round's rendezvous: its keys can go,
+        if hvd.rank() == 0:
+            rendezvous.next_round()
+        session.run(barrier)  # and before any worker joins again
+    hvd.shutdown()
 
 
 _joined_with_stages = False
