@@ -117,6 +117,8 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
                step_ms=_per_step_ms(chief))
     if chief.get("window_cpu_seconds"):
         row["cpu_ms"] = _per_step_ms(chief, "window_cpu_seconds")
+    if chief.get("machine_cpu_after"):  # records from before the meter read it have none
+        row.update(machine_cpu(chief))
     if result["system"] == "single":
         row["runs_ms"] = result.get("runs_ms", [row["step_ms"]])
         return row
@@ -197,6 +199,17 @@ def predicted_step_ms(analytic_phases: List[List[dict]], single_chief: dict, sum
                    + analytic.waits_seconds(**job))
 
 
+def machine_cpu(chief: dict) -> dict:
+    """The machine's CPU time over the chief's windows: busy ms a step (every host's workers,
+    servers and network on the shared cores), and the share of the cores busy; near 1, the
+    step is bound by the cores, whatever the link."""
+    before, after = chief["machine_cpu_before"], chief["machine_cpu_after"]
+    spent = {kind: after[kind] - before[kind] for kind in ("busy", "idle", "steal")}
+    steps = chief["window_steps"] * len(chief["window_seconds"])
+    return {"machine_cpu_ms": 1000 * spent["busy"] / steps,
+            "cores_busy": spent["busy"] / max(sum(spent.values()), 1e-9)}
+
+
 def _per_step_ms(chief: dict, key: str = "window_seconds") -> float:
     """A worker's median window of `key` (seconds), per step, in ms."""
     return 1000 * statistics.median(chief[key]) / chief["window_steps"]
@@ -236,23 +249,26 @@ def _mb(value: float) -> str:
 def _table(rows: List[dict]) -> List[str]:
     lines = ["| system | throughput | step (ms) | speedup over 1 worker | "
              "MB/step per host link, measured tx/rx | analytic (Table 3, on the wire) tx/rx | "
-             "max deviation | link-busy share of the step | predicted step (ms), error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "max deviation | link-busy share of the step | machine CPU ms/step (cores busy) "
+             "| predicted step (ms), error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         label = SYSTEM_LABELS.get(row["system"], row["system"])
         if row["error"]:
-            lines.append(f"| {label} | failed: {row['error']} | | | | | | | |")
+            lines.append(f"| {label} | failed: {row['error']} | | | | | | | | |")
             continue
         measured = " ; ".join(f"{_mb(m['tx'])}/{_mb(m['rx'])}" for m in row.get("measured", []))
         expected = " ; ".join(f"{_mb(a['tx'])}/{_mb(a['rx'])}" for a in row.get("analytic", []))
         deviation = f"{100 * row['deviation']:.1f}%" if "deviation" in row else ""
         busy = f"{row['link_bound_ratio']:.2f}" if "link_bound_ratio" in row else ""
+        cores = (f"{row['machine_cpu_ms']:.0f} ({row['cores_busy']:.0%})"
+                 if "machine_cpu_ms" in row else "")
         speedup = f"{row['speedup']:.2f}x" if "speedup" in row else ""
         predicted = (f"{row['predicted_ms']:.0f}, {100 * row['prediction_error']:+.0f}%"
                      if "predicted_ms" in row else "")
         lines.append(f"| {label} | {row['throughput']:.0f} {row['unit']}/s | "
                      f"{row['step_ms']:.0f} | {speedup} | {measured} | {expected} | "
-                     f"{deviation} | {busy} | {predicted} |")
+                     f"{deviation} | {busy} | {cores} | {predicted} |")
     return lines
 
 
@@ -393,7 +409,9 @@ def write(summary: dict, out: str) -> None:
              "steps; throughput is the median window of the chief). Bytes are each host's "
              "interface counters over the windows, per step; 'link-busy share' is the busiest "
              "direction's bytes at the link rate over the step time (the ratio of measured "
-             "throughput to the link-bandwidth bound).", ""]
+             "throughput to the link-bandwidth bound); 'machine CPU' is the busy CPU time of "
+             "the machine's cores, which every emulated host shares, over the chief's windows, "
+             "per step, and the share of the cores it kept busy.", ""]
     lines += ["## Targets", ""] + targets(rows, transform, summary) + [""]
     for workload, workload_rows in rows.items():
         single = next((r for r in workload_rows if r["system"] == "single"), None)

@@ -279,6 +279,20 @@ def test_one_worker_alone_is_the_windows_of_its_runs_before_and_after_the_other_
     assert row["step_ms"] == pytest.approx(35) and row["runs_ms"] == pytest.approx([50, 30])
 
 
+def test_the_machines_cpu_time_says_whether_a_step_is_bound_by_the_cores():
+    import meter  # pylint: disable=import-outside-toplevel
+    before = meter.machine_cpu()
+    sum(i * i for i in range(10 ** 6))  # some busy time for this kernel's cores
+    after = meter.machine_cpu()
+    assert after["busy"] > before["busy"] and after["idle"] >= before["idle"]
+    chief = {"window_steps": 10, "window_seconds": [0.5, 0.5],
+             "machine_cpu_before": {"busy": 100.0, "idle": 50.0, "steal": 1.0},
+             "machine_cpu_after": {"busy": 101.8, "idle": 50.1, "steal": 1.1}}
+    measured = report.machine_cpu(chief)
+    assert measured["machine_cpu_ms"] == pytest.approx(90)  # 1.8 s over 20 steps
+    assert measured["cores_busy"] == pytest.approx(0.9)
+
+
 @pytest.mark.job
 def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
     env = dict(os.environ, PARALLAX_BENCH_CLUSTER_DIR="/tmp/parallax-test-bench")
