@@ -35,6 +35,10 @@ from runner.output import PAST_STARTUP
 
 log = logging.getLogger("parallax")
 _run_indices = itertools.count()  # this process's get_runner calls: each gets fresh state
+# Whether a runner this process returned runs Horovod in its steps, or agrees through it (a
+# MonitoredTrainingSession): then no later get_runner call may leave Horovod.
+_horovod_in_use = False
+LEFT_HOROVOD = "Horovod left: no step of the plan uses it"
 
 
 def count_and_id() -> Tuple[int, int]:
@@ -98,7 +102,9 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
             "the driver launched it for the graph of the script's first get_runner, which "
             "needed none. Give every graph of a script the same kinds of variables (sparse "
             "ones too), or use run_option='PS', which always starts servers")
-    if needs_horovod or len(plans) > 1 or any(plan.uses_horovod for _, _, plan in plans):
+    joins_horovod = needs_horovod or len(plans) > 1 or any(plan.uses_horovod
+                                                           for _, _, plan in plans)
+    if joins_horovod:
         # only jobs with replicas join Horovod, or that time plans (runtime/trials.py), or
         # whose workers agree on stopping (runtime/monitored.py)
         from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
@@ -120,10 +126,12 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     build_seconds = time.perf_counter() - started
     if cluster.is_chief:
         log.info("%s", runners[-1].describe())
-    if heartbeat is not None:
-        heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
     if len(runners) == 1:
+        if joins_horovod:
+            _leave_horovod_unless_used(plans[0][2], needs_horovod, cluster.is_chief)
+        _announce_exit(heartbeat)
         return runners[0]
+    _announce_exit(heartbeat)
     candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner)
                   for (_, _, plan), runner in zip(plans, runners)]
 
@@ -131,13 +139,34 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         if candidate.runner is not runners[0]:
             candidate.runner.take_checkpointer(Checkpointer(
                 candidate.runner.transformed_graph, config.ckpt_config, cluster.is_chief))
-        if not needs_horovod and not plans[runners.index(candidate.runner)][2].uses_horovod:
-            machine_allreduce.leave_horovod()  # joined for the trials only
+        _leave_horovod_unless_used(plans[runners.index(candidate.runner)][2], needs_horovod,
+                                   cluster.is_chief)
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
 
     return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
                               build_seconds)
+
+
+def _leave_horovod_unless_used(plan: Plan, needs_horovod: bool, is_chief: bool) -> None:
+    """Leave Horovod once the runner of `plan` is ready, if neither its steps nor another
+    runner of the process use it (joined for AUTO's trials, or for the replicas' first
+    broadcast only): idle, its background thread still coordinates the workers every cycle,
+    CPU the steps lose where the cores are shared (machine_allreduce.leave_horovod)."""
+    global _horovod_in_use  # pylint: disable=global-statement
+    _horovod_in_use = _horovod_in_use or needs_horovod or plan.steps_use_horovod
+    if _horovod_in_use:
+        return
+    from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
+
+    machine_allreduce.leave_horovod()  # every worker at the same point of start()
+    if is_chief:
+        log.info("%s", LEFT_HOROVOD)
+
+
+def _announce_exit(heartbeat) -> None:
+    if heartbeat is not None:
+        heartbeat.announce_exit()  # after hvd.init: runs before Horovod's atexit shutdown
 
 
 def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan: Plan,

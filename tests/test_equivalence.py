@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import WORKLOADS, load_workload, run_job
+from parallax.worker import LEFT_HOROVOD
 
 pytestmark = pytest.mark.job
 
@@ -98,6 +99,16 @@ def test_workers_equal_single_device(job, config):
                 continue  # Keras's RNG state for dropout (none here): advanced by each worker
             np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{config}: {name} on worker {worker}")
+
+
+@pytest.mark.parametrize("job", ["PS-lstm"], indirect=True)
+def test_workers_leave_horovod_after_the_first_broadcast_when_no_step_uses_it(job):
+    """Each configuration's runner joins Horovod to broadcast the LSTM's seed generator state,
+    then leaves it (idle, it costs CPU every cycle), and the next joins again: still every
+    variable as on one device (test_workers_equal_single_device)."""
+    _, _, out, _ = job
+    output = (out / "output.txt").read_text()
+    assert output.count(LEFT_HOROVOD) == len(equivalence.CONFIGS), output[-3000:]
 
 
 @pytest.mark.parametrize("job", ["AUTO-two-tables"], indirect=True)

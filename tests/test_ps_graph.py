@@ -5,8 +5,9 @@ import tensorflow as tf
 
 import parallax
 from conftest import load_workload
+from parallax import contracts
 from parallax.planning import analysis
-from parallax.planning.analysis import analyze
+from parallax.planning.analysis import analyze, upstream_ops
 from parallax.cluster import Cluster
 from parallax.graph_copy import copy_graph
 from parallax.rewriting.pipeline import transform
@@ -328,3 +329,20 @@ def test_updates_of_server_variables_in_a_loop_or_beside_replicas_in_a_cond_are_
                                                      r"servers \['embedding'\] and replicated "
                                                      r"ones \['dense'\] at once.*one applying"):
         make_plan(analyze(cond), parallax.Config(run_option="HYBRID"), Cluster([0, 1]))
+
+
+@pytest.mark.parametrize("run_option,in_steps", [("PS", False), ("HYBRID", True)])
+def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only(run_option,
+                                                                                 in_steps):
+    """Under PS's rule Keras's LSTM keeps a replica (its seed generator's state): Horovod
+    broadcasts it once, and no step runs a Horovod op, so the workers leave Horovod then."""
+    graph, _, _ = equivalence.build("lstm", "adam", 4, shard=False)
+    plan = make_plan(analyze(graph), parallax.Config(run_option=run_option),
+                     Cluster(worker_id=1, **CLUSTER))
+    assert plan.uses_horovod and plan.steps_use_horovod is in_steps
+    graph = transform(graph, plan)
+    broadcasts = contracts.read_broadcasts(graph)
+    first_broadcast = upstream_ops(broadcasts) | set(broadcasts)
+    in_the_steps = [op.name for op in graph.get_operations()
+                    if op.type.startswith("Horovod") and op not in first_broadcast]
+    assert broadcasts and bool(in_the_steps) is in_steps, in_the_steps

@@ -102,6 +102,14 @@ class Plan:
         return bool(self.batch_moments or self.fused_batch_norms)
 
     @property
+    def steps_use_horovod(self) -> bool:
+        """Whether the training steps themselves run Horovod's collectives (a replica's
+        gradient, per-worker state to combine, batch statistics); a plan that uses Horovod
+        without them needs it only for its replicas' first broadcast."""
+        return bool(self.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER) or self.averaged_writes
+                    or self.summed_writes or self.sync_batch_norm)
+
+    @property
     def num_workers(self) -> int:
         return self.cluster.num_workers
 
