@@ -491,10 +491,24 @@ def test_a_rule_that_would_put_a_variable_the_gradients_wait_for_on_a_server_is_
     assert "PS's rule" not in [a["name"] for a in decision.alternatives]
 
 
-def test_a_plan_allreducing_every_table_is_not_timed():
+def test_a_plan_allreducing_every_table_is_timed_against_servers():
     graph = _graph(vocab=100, ids_per_batch=500)  # every row in every batch: allreduced
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.methods["table"]["how"] == cost.ALLREDUCE and decision.alternatives == []
+    assert decision.methods["table"]["how"] == cost.ALLREDUCE
+    assert [a["name"] for a in decision.alternatives] == [
+        "AR's rule", "HYBRID's rule", "PS's rule"]
+    assert [a["methods"]["table"]["how"] for a in decision.alternatives] == [
+        cost.ALLGATHER, cost.PS, cost.PS]
+
+
+def test_a_dense_model_is_not_timed():
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", [64, 64])
+        loss = tf.reduce_sum(tf.matmul(tf.ones([8, 64]), w))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.methods["w"]["how"] == cost.ALLREDUCE and decision.alternatives == []
 
 
 def test_a_step_drawing_random_numbers_is_not_timed_and_says_why():

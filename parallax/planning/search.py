@@ -118,11 +118,16 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     note += (f"; predicted step {_ms(step)}" if timed
              else f"; predicted communication {_ms(step)} a step")
     alternatives = []
-    on_servers = run_option == "AUTO" and any(m.how == cost.PS for m in chosen.values())
-    untried = _why_untried(graph, analysis) if on_servers else None
+    # Timed on the cluster where the model is unsure: a plan with servers, or one allreducing
+    # or allgathering a sparse table, which servers may serve faster where a step is bound by
+    # CPU rather than bytes (tags at 10 Gbit: 16 ms a step with PS's rule, 20 with all
+    # allreduced). A dense model's allreduce is not.
+    unsure = run_option == "AUTO" and (
+        any(m.how == cost.PS for m in chosen.values()) or bool(analysis.sparse))
+    untried = _why_untried(graph, analysis) if unsure else None
     if untried:
         note += f"; not timed on the cluster: {untried}"
-    elif on_servers:
+    elif unsure:
         shards = {**{name: range(count, count + 1) for _, name, count in partitions},
                   **{name: range(count, count + 1) for name, count in splits.items()}}
         for label, dense_how, sparse_how in ALTERNATIVES:
@@ -148,8 +153,8 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
                     alternatives)
 
 
-# The plans AUTO also times on the cluster (Config.trial_steps) when the cost model chooses
-# parameter servers, as (name, how dense variables and how sparse ones are synchronized): the
+# The plans AUTO also times on the cluster (Config.trial_steps) where the cost model is unsure
+# (decide), as (name, how dense variables and how sparse ones are synchronized): the
 # run options' rules. PS's wins where a step is bound by CPU rather than bytes (nmt at 1 and
 # 10 Gbit on this machine's 2 shared cores: 102 and 92 ms against AUTO's 109 and 116).
 ALTERNATIVES = (("AR's rule", cost.ALLREDUCE, cost.ALLGATHER),
