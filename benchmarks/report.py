@@ -399,14 +399,21 @@ def _cluster(summary: dict) -> str:
             f"namespaces on one 2-core machine)")
 
 
+def _longer_windows(summary: dict) -> str:
+    """The workloads whose windows were longer than --window (run.MIN_WINDOW_STEPS)."""
+    longer = summary.get("min_window_steps") or {}
+    return "".join(f"; {workload}: windows of at least {steps} steps"
+                   for workload, steps in sorted(longer.items()))
+
+
 def write(summary: dict, out: str) -> None:
     rows = rows_by_workload(summary)
     transform = summary.get("transform")
     lines = ["# Parallax benchmark", "",
              f"{_cluster(summary)}, each host's link limited to {summary['rate']} "
              f"both ways{', delay ' + summary['delay'] if summary.get('delay') else ''}. "
-             f"Measurement: {' '.join(summary['measure'])} (warm-up steps, then windows of "
-             "steps; throughput is the median window of the chief). Bytes are each host's "
+             f"Measurement: {' '.join(summary['measure'])}{_longer_windows(summary)} "
+             "(warm-up steps, then windows of steps; throughput is the median window of the chief). Bytes are each host's "
              "interface counters over the windows, per step; 'link-busy share' is the busiest "
              "direction's bytes at the link rate over the step time (the ratio of measured "
              "throughput to the link-bandwidth bound); 'machine CPU' is the busy CPU time of "

@@ -36,6 +36,11 @@ import report  # noqa: E402
 
 CLUSTER_SCRIPT = os.path.join(REPO, "scripts", "emulated_cluster.sh")
 SUBNET = "10.213.0"
+
+# Steps a measured window has at least, per workload: a step of tags takes 15-80 ms, and 10 of
+# them, 0.2 s, are moved 20-40% by this machine's noise (run 10 at 1 Gbit: AUTO's windows 30,
+# 26 and 22 ms a step).
+MIN_WINDOW_STEPS = {"tags": 100}
 PS_OFF_ALL = ["local_aggregation", "post_aggregation_placement",
               "boundary_between_workers_and_servers", "defer_gradient_free_server_work"]
 
@@ -46,6 +51,13 @@ class Setup:
     workers_per_host: int
     state: str  # the emulated cluster's state folder
     measure_args: List[str]
+
+    def for_workload(self, workload: str) -> "Setup":
+        """The setup whose windows have at least MIN_WINDOW_STEPS[workload] steps."""
+        args = list(self.measure_args)
+        window = args.index("--window") + 1
+        args[window] = str(max(int(args[window]), MIN_WINDOW_STEPS.get(workload, 0)))
+        return dataclasses.replace(self, measure_args=args)
 
     def address(self, host: int) -> str:
         return f"{SUBNET}.{host + 2}"
@@ -276,6 +288,8 @@ def main():
         summary = {"transform": transform, "hosts": args.hosts,
                    "workers_per_host": args.workers_per_host, "cores": os.cpu_count(),
                    "rate": rate, "delay": args.delay, "measure": setup.measure_args,
+                   "min_window_steps": {w: MIN_WINDOW_STEPS[w] for w in args.workloads
+                                        if w in MIN_WINDOW_STEPS},
                    "results": _kept_results(out, args.workloads, rate, args) + results}
         with open(os.path.join(out, "summary.json"), "w") as summary_file:
             json.dump(summary, summary_file, indent=1)
@@ -286,16 +300,17 @@ def main():
         print(f"[bench] across rates: {os.path.join(args.out, 'rates.md')}")
 
 
-def _run_at(rate: str, args, setup: Setup, out: str) -> List[dict]:
+def _run_at(rate: str, args, base_setup: Setup, out: str) -> List[dict]:
     """Every selected job of every selected workload on a cluster whose links run at `rate`
     ('up' takes down any cluster before it), taken down after them."""
     shape = ["--rate", rate] + (["--delay", args.delay] if args.delay else [])
-    cluster_env = dict(os.environ, PARALLAX_CLUSTER_DIR=setup.state)
+    cluster_env = dict(os.environ, PARALLAX_CLUSTER_DIR=base_setup.state)
     results = []
     try:
         subprocess.run(["bash", CLUSTER_SCRIPT, "up", str(args.hosts), *shape],
                        env=cluster_env, check=True, stdout=subprocess.DEVNULL)
         for workload in args.workloads:
+            setup = base_setup.for_workload(workload)
             results.append(run_job("single", _single, setup, workload, out, args.timeout))
             jobs = {name: EVERY_JOB[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:

@@ -293,6 +293,19 @@ def test_the_machines_cpu_time_says_whether_a_step_is_bound_by_the_cores():
     assert measured["cores_busy"] == pytest.approx(0.9)
 
 
+def test_a_workload_of_short_steps_is_measured_in_longer_windows(tmp_path):
+    import run  # pylint: disable=import-outside-toplevel
+    setup = run.Setup(2, 2, "/tmp/state", ["--warmup", "5", "--window", "10", "--windows", "3"])
+    assert setup.for_workload("tags").measure_args == [
+        "--warmup", "5", "--window", "100", "--windows", "3"]
+    assert setup.for_workload("lm") == setup
+    summary = {"hosts": 2, "workers_per_host": 2, "rate": "1gbit", "results": [],
+               "measure": setup.measure_args, "min_window_steps": {"tags": 100}}
+    report.write(summary, str(tmp_path))
+    assert ("--window 10 --windows 3; tags: windows of at least 100 steps"
+            in (tmp_path / "results.md").read_text())
+
+
 @pytest.mark.job
 def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
     env = dict(os.environ, PARALLAX_BENCH_CLUSTER_DIR="/tmp/parallax-test-bench")
