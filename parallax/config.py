@@ -134,10 +134,11 @@ class Config:
         its own gradients to the variables on parameter servers as they arrive, without
         aggregation or steps in common (no worker waits for another); dense variables of
         HYBRID keep their allreduce, in step. Needs parameter servers (PS, HYBRID).
-    trial_steps: under AUTO, when the cost model chooses parameter servers, the job first
-        trains this many steps with each of the plans it times (the run options' rules where
-        they differ from its choice: sparse variables allgathered as in AR, on servers as in
-        HYBRID, every variable on servers as in PS; then the cost model's choice), the first
+    trial_steps: under AUTO, when the cost model chooses parameter servers or the graph has
+        sparse variables, the job first trains this many steps with each of the plans it
+        times (the run options' rules where they differ from its choice: sparse variables
+        allgathered as in AR, on servers as in HYBRID, every variable on servers as in PS;
+        then the cost model's choice), the first
         half of each untimed (a plan's steps get faster over its first 10-15 here), and keeps
         the plan whose steps were fastest on the cluster.
         They are real training steps: each plan goes on from the last one's variables and
