@@ -149,9 +149,10 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
         row["analytic_phases"] = [list(map(analytic.on_the_wire, phase))
                                   for phase in analytic.host_phase_bytes(**job)]
         row["analytic"] = analytic.both_phases(row["analytic_phases"])
-        row["deviation"] = max(abs(m[d] / a[d] - 1) for m, a in zip(row["measured"],
-                                                                    row["analytic"])
-                               for d in ("tx", "rx") if a[d])
+        deviations = [abs(m[d] / a[d] - 1) for m, a in zip(row["measured"], row["analytic"])
+                      for d in ("tx", "rx") if a[d]]
+        if deviations:  # none on one host: no byte crosses a link
+            row["deviation"] = max(deviations)
     busiest = max(m[d] for m in row["measured"] for d in ("tx", "rx"))
     row["link_seconds"] = busiest / rate_bytes_per_second(summary["rate"])
     row["link_bound_ratio"] = row["link_seconds"] / (row["step_ms"] / 1000)

@@ -223,6 +223,19 @@ def test_the_rates_report_gives_each_systems_step_and_auto_over_the_best_alterna
                                     f"{100 * auto['prediction_error']:+.0f}%")
 
 
+def test_a_run_on_one_host_reports_without_link_bytes(tmp_path):
+    """--hosts 1: the workers share one host and no byte crosses a link to compare with
+    Table 3's figures."""
+    summary = _summary("10gbit", {"horovod": 0.02})
+    summary.update(hosts=1, workers_per_host=2)
+    for record in summary["results"][1]["records"]:
+        record.update(host="h1", counters_after=record["counters_before"])
+    report.write(summary, str(tmp_path))
+    row = report._row(report.rows_by_workload(summary)["lm"], "horovod")
+    assert row["step_ms"] == pytest.approx(20) and "deviation" not in row
+    assert "| Horovod |" in (tmp_path / "results.md").read_text()
+
+
 def test_a_multi_rate_folder_gives_rates_md_and_the_step_time_plot(tmp_path):
     for rate, auto in (("10gbit", 0.03), ("100mbit", 0.1)):
         _write(tmp_path / rate, _summary(rate, {"parallax-auto": auto, "horovod": 0.2}))
