@@ -13,7 +13,8 @@ from parallax.graph_copy import copy_graph
 from parallax.rewriting.pipeline import transform
 from parallax.rewriting.split_variables import split_variables
 from parallax.planning.describe import describe
-from parallax.planning.plan import make_plan
+from parallax.planning.plan import Sync, make_plan
+from parallax.planning.search import Decision
 
 equivalence = load_workload("equivalence")
 CLUSTER = dict(worker_machines=[0, 0, 1, 1], servers=["127.0.0.1:1", "127.0.0.2:1"],
@@ -346,3 +347,21 @@ def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only
     in_the_steps = [op.name for op in graph.get_operations()
                     if op.type.startswith("Horovod") and op not in first_broadcast]
     assert broadcasts and bool(in_the_steps) is in_steps, in_the_steps
+
+
+@pytest.mark.parametrize("config_name, norm_row", [("adam", False), ("momentum+clip", True)])
+def test_a_table_allreduced_as_dense_carries_its_norm_only_where_the_model_clips(config_name,
+                                                                                 norm_row):
+    """AUTO's choice for a table every batch reads whole: its slices summed into the table's
+    shape with a column of counts; one more row for the L2 norm clip_by_global_norm takes
+    (every allreduced element costs CPU on the tags benchmark's 15 ms steps)."""
+    graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
+    analysis = analyze(graph)
+    methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
+    plan = make_plan(analysis, parallax.Config(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
+                     decision=Decision(methods=methods, stats={}, note="",
+                                       machine_stages=False))
+    assert plan.variables["embedding"].sync is Sync.ALLREDUCE
+    rows = [op.inputs[0].shape[0] for op in transform(graph, plan).get_operations()
+            if op.type == "HorovodAllreduce" and op.inputs[0].name.startswith("parallax_")]
+    assert rows == [equivalence.VOCAB + norm_row]  # the other allreduces, the dense gradients
