@@ -73,7 +73,11 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
     (rows_can_be_summed, checked when AUTO chose this); where the model takes the L2 norm of
     every row (clip_by_global_norm on one device), it travels in one more row. The counts
     join the rows after their sums, not before: on the tags benchmark, concatenating the
-    batch's rows first cost a worker 0.2-0.3 ms of CPU a step, a fifth of its compute."""
+    batch's rows first cost a worker 0.2-0.3 ms of CPU a step, a fifth of its compute.
+    A mean is taken by Horovod's Average, as the dense gradients' is: Horovod fuses only
+    allreduces of one reduce op, and a Sum beside them was a second ring of its own each step
+    (tags at 1 Gbit: 3-4 ms of a 17-19 ms step). The counts are then means too, still > 0
+    exactly where a worker touched the row."""
     values = graph.get_tensor_by_name(record.values)
     indices = graph.get_tensor_by_name(record.indices)
     consumers = {t: list(t.consumers()) for t in (values, indices)}
@@ -90,14 +94,13 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
             packed = tf.concat([packed, tf.concat([
                 tf.zeros([1, tf.shape(flat)[1]], values.dtype),
                 tf.reshape(row_sums.norm_share(values), [1, 1])], 1)], 0)
-        summed = _allreduce(packed, hvd.Sum, plan)
-        touched = tf.where(summed[:rows, -1] > 0)[:, 0]
-        aggregated = tf.gather(summed[:rows, :-1], touched)
-        norm = summed[rows, -1] if carries_norm else None
-        if var_plan.average:  # the mean loss's rows are each worker's over N
-            workers = tf.cast(hvd.size(), values.dtype)
-            aggregated = aggregated / workers
-            norm = None if norm is None else norm / (workers * workers)
+        # the mean loss's rows are each worker's over N
+        reduced = _allreduce(packed, hvd.Average if var_plan.average else hvd.Sum, plan)
+        touched = tf.where(reduced[:rows, -1] > 0)[:, 0]
+        aggregated = tf.gather(reduced[:rows, :-1], touched)
+        norm = reduced[rows, -1] if carries_norm else None
+        if var_plan.average and carries_norm:  # a norm of the mean: the sum's over N squared
+            norm = norm / tf.cast(hvd.size(), values.dtype)
         row_shape = (values.shape[1:].as_list() if values.shape[1:].is_fully_defined()
                      else tf.shape(values)[1:])
         new_values = tf.reshape(aggregated, tf.concat([[-1], row_shape], 0))
