@@ -30,12 +30,10 @@ def init_horovod(cluster: Cluster, machine_stages: bool) -> None:
     if hvd.is_initialized() and (_joined_with_stages or not machine_stages):
         return
     leave_horovod()
-    if machine_stages and cluster.machine_groups():
+    if cluster.machine_groups():
         # Every Horovod cycle coordinates each process set a worker is in, tensors pending or
         # not: three sets instead of one cost a worker 5 ms of CPU a step on the LM benchmark
-        # at the default 1 ms cycle, none at 5 ms (unless the user set the cycle). Without the
-        # sets, Horovod's 1 ms: a tensor waits for the next cycle (tags at 1 Gbit, one ring:
-        # 17 against 19 ms a step).
+        # at the default 1 ms cycle, none at 5 ms (unless the user set the cycle).
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CYCLE_TIME_MS))
     # Not when unused: idle, 4 workers on 2 cores at 5 ms cycles took 130 ms of CPU a second
     # without them, 480-660 with them.
