@@ -26,7 +26,7 @@ def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
             op = hvd.Average if var_plan.average else hvd.Sum
             for record in var_plan.variable.gradients:
                 if record.is_sparse and var_plan.sync is Sync.ALLREDUCE:
-                    _aggregate_sparse_as_dense(graph, record, var_plan, plan)
+                    _aggregate_sparse_as_dense(graph, record, op, var_plan, plan)
                 elif record.is_sparse:
                     _aggregate_sparse(graph, record, op)
                 else:
@@ -65,7 +65,7 @@ def _aggregate_sparse(graph, record, op):
         contracts.record_aggregated(old, new)
 
 
-def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
+def _aggregate_sparse_as_dense(graph, record, op, var_plan, plan):
     """The slices summed into the variable's shape, with a count of rows, are allreduced; the
     rows any worker touched come out as slices again, so that the optimizer updates those rows
     only, as its sparse update on one device does (Adam's slots of other rows do not decay).
@@ -94,12 +94,11 @@ def _aggregate_sparse_as_dense(graph, record, var_plan, plan):
             packed = tf.concat([packed, tf.concat([
                 tf.zeros([1, tf.shape(flat)[1]], values.dtype),
                 tf.reshape(row_sums.norm_share(values), [1, 1])], 1)], 0)
-        # the mean loss's rows are each worker's over N
-        reduced = _allreduce(packed, hvd.Average if var_plan.average else hvd.Sum, plan)
+        reduced = _allreduce(packed, op, plan)  # a mean: each worker's rows over N
         touched = tf.where(reduced[:rows, -1] > 0)[:, 0]
         aggregated = tf.gather(reduced[:rows, :-1], touched)
         norm = reduced[rows, -1] if carries_norm else None
-        if var_plan.average and carries_norm:  # a norm of the mean: the sum's over N squared
+        if op == hvd.Average and carries_norm:  # a norm of the mean: the sum's over N squared
             norm = norm / tf.cast(hvd.size(), values.dtype)
         row_shape = (values.shape[1:].as_list() if values.shape[1:].is_fully_defined()
                      else tf.shape(values)[1:])
