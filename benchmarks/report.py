@@ -146,6 +146,7 @@ def summarize(result: dict, single: Optional[dict], summary: dict) -> dict:
             summed_pushes=parallax and "local_aggregation" not in chief["ps_off"],
             loop_copies=parallax,
             hierarchical_allreduce=parallax and chief.get("hierarchical_allreduce", False))
+        row["job"] = job  # the plan as analytic's functions take it
         row["analytic_phases"] = [list(map(analytic.on_the_wire, phase))
                                   for phase in analytic.host_phase_bytes(**job)]
         row["analytic"] = analytic.both_phases(row["analytic_phases"])
