@@ -20,7 +20,7 @@ import glob
 import json
 import os
 import statistics
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import numpy as np
 
