@@ -144,8 +144,14 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
 
+    quiet = None
+    if not (needs_horovod or _horovod_in_use):
+        quiet = trials.Quiet(
+            [not plan.steps_use_horovod for _, _, plan in plans], machine_allreduce.leave_horovod,
+            lambda: machine_allreduce.init_horovod(
+                cluster, any(plan.hierarchical_allreduce for _, _, plan in plans)))
     return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
-                              build_seconds)
+                              build_seconds, quiet)
 
 
 def _leave_horovod_unless_used(plan: Plan, needs_horovod: bool, is_chief: bool) -> None:

@@ -75,6 +75,35 @@ def test_the_chiefs_timings_decide_on_every_worker():
     assert kept == [candidates[1]] and [c.measured for c in candidates] == [0.05, 0.02]
 
 
+def _quiet_trials(seconds, idle):
+    """A trial runner whose candidates' steps use Horovod or not (`idle`), with its events:
+    ("switch", index), "leave", "join", ("kept", name)."""
+    events = []
+    candidates = [trials.Candidate(f"plan {i}", None, _Runner(s)) for i, s in enumerate(seconds)]
+    quiet = trials.Quiet(idle, lambda: events.append("leave"), lambda: events.append("join"))
+    runner = trials.TrialRunner(candidates, 3, lambda values: values,
+                                lambda _, c: events.append(("kept", c.name)), 0.0, quiet)
+    runner._switch = lambda index: (events.append(("switch", index)),
+                                    setattr(runner, "_index", index))
+    for _ in range(3 * len(seconds)):
+        runner.run("train")
+    return runner, candidates, events
+
+
+def test_a_plan_whose_steps_use_no_horovod_is_timed_without_it():
+    """Left for its steps, joined again before the next switch and before the agreement, both
+    collectives; once kept, the worker leaves Horovod for it (worker.py)."""
+    runner, candidates, events = _quiet_trials([0.03, 0.01, 0.02], [False, True, False])
+    assert events == [("switch", 1), "leave", "join", ("switch", 2), ("switch", 1),
+                      ("kept", "plan 1")]
+    assert [c.quiet for c in candidates] == [False, True, False]
+    assert "plan 1 10.0 ms a step without Horovod" in trials.describe_kept(runner, candidates[1])
+    # the first plan and the last: left at the start, joined before the agreement
+    _, _, events = _quiet_trials([0.01, 0.02], [True, True])
+    assert events == ["leave", "join", ("switch", 1), "leave", "join", ("switch", 0),
+                      ("kept", "plan 0")]
+
+
 class _Session:
     """A plan's graph and session, as carry reads them off a runner."""
 

@@ -32,11 +32,24 @@ _ITERATOR_OPS = frozenset({"OneShotIterator", "IteratorV2", "Iterator"})
 
 
 @dataclasses.dataclass
+class Quiet:
+    """Leaving the job's collectives (Horovod) for the trial of a plan whose steps use none.
+    Idle, Horovod's background thread still coordinates the workers every cycle, CPU the steps
+    lose on shared cores, and such a plan, once kept, runs without it (worker.py): timed with
+    it, PS's rule ran 5-10% slower in the trials than in Parallax PS's own job (nmt at 1 and 10
+    Gbit, 122-127 ms a step against 114-115), and AUTO kept a slower plan."""
+    idle: List[bool]  # per candidate: its steps use no collective
+    leave: Callable[[], None]
+    join: Callable[[], None]  # the switches and the agreement need Horovod
+
+
+@dataclasses.dataclass
 class Candidate:
     name: str  # how the plan was made: the cost model's choice, or a run option's rule
     predicted: Optional[float]  # seconds of a step, as the cost model predicted
     runner: ParallaxRunner
     measured: Optional[float] = None  # median seconds of its timed steps, as the chief saw
+    quiet: bool = False  # timed without the job's collectives (Quiet)
 
 
 class TrialRunner(ParallaxRunner):
@@ -47,7 +60,8 @@ class TrialRunner(ParallaxRunner):
     # The runner of the plan in use holds the session: nothing of ParallaxRunner's to set up.
     def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=W0231
                  agree: Callable[[np.ndarray], np.ndarray],
-                 on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float):
+                 on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float,
+                 quiet: Optional[Quiet] = None):
         self._candidates = candidates
         self._trial_steps = steps
         self._agree = agree  # the chief's vector, on every worker (a collective: a barrier)
@@ -57,6 +71,9 @@ class TrialRunner(ParallaxRunner):
         self._kept: Optional[Candidate] = None
         # What the trials cost beyond their steps: the other plans' runners, then the switches
         self.overhead = {"build": build_seconds, "switch": 0.0}
+        self._quiet = quiet
+        self._left = False  # the collectives, for the trial in progress
+        self._leave_if_idle()
 
     def __getattr__(self, name):
         # Only reached for what this object does not hold: the current plan's runner's.
@@ -93,8 +110,9 @@ class TrialRunner(ParallaxRunner):
             measured = "-" if candidate.measured is None else f"{candidate.measured * 1e3:.1f}"
             state = ("kept" if candidate is self._kept else
                      "in use" if self._kept is None and index == self._index else "")
+            quiet = " without Horovod" if candidate.quiet else ""
             lines.append(f"  {candidate.name}: predicted {predicted} ms, measured {measured} "
-                         f"ms {state}".rstrip())
+                         f"ms{quiet} {state}".rstrip())
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -118,8 +136,10 @@ class TrialRunner(ParallaxRunner):
         timed = self._times[len(self._times) // 2:]
         self._candidates[self._index].measured = statistics.median(timed)
         self._times = []
+        self._join_if_left()
         if self._index + 1 < len(self._candidates):
             self._switch(self._index + 1)
+            self._leave_if_idle()
             return
         agreed = self._agree(np.array([c.measured for c in self._candidates], np.float64))
         for candidate, seconds in zip(self._candidates, agreed):
@@ -132,6 +152,20 @@ class TrialRunner(ParallaxRunner):
             if candidate is not self._kept:
                 candidate.runner.close_after_trial()
         self._on_kept(self, self._kept)
+
+    def _leave_if_idle(self) -> None:
+        if self._quiet is not None and self._quiet.idle[self._index]:
+            started = time.perf_counter()
+            self._quiet.leave()
+            self._left = self._candidates[self._index].quiet = True
+            self.overhead["switch"] += time.perf_counter() - started
+
+    def _join_if_left(self) -> None:
+        if self._left:
+            started = time.perf_counter()
+            self._quiet.join()
+            self._left = False
+            self.overhead["switch"] += time.perf_counter() - started
 
     def _switch(self, index: int) -> None:
         started = time.perf_counter()
@@ -223,6 +257,7 @@ def describe_kept(runner: TrialRunner, kept: Candidate) -> str:
     return ("AUTO timed its plans on the cluster: " + "; ".join(
         f"{c.name} {c.measured * 1e3:.1f} ms a step"
         + (f" (predicted {c.predicted * 1e3:.1f})" if c.predicted is not None else "")
+        + (" without Horovod" if c.quiet else "")
         for c in runner.candidates) + f"; kept {kept.name} (the trials cost "
         f"{runner.overhead['build']:.1f} s building the other plans and "
         f"{runner.overhead['switch']:.1f} s switching, besides their steps)")
