@@ -145,13 +145,24 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
             log.info("%s", trials.describe_kept(runner, candidate))
 
     quiet = None
-    if not (needs_horovod or _horovod_in_use):
+    if not needs_horovod:
         quiet = trials.Quiet(
-            [not plan.steps_use_horovod for _, _, plan in plans], machine_allreduce.leave_horovod,
+            [not plan.steps_use_horovod for _, _, plan in plans], _leave_horovod_for_trial,
             lambda: machine_allreduce.init_horovod(
                 cluster, any(plan.hierarchical_allreduce for _, _, plan in plans)))
     return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
                               build_seconds, quiet)
+
+
+def _leave_horovod_for_trial() -> bool:
+    """Leave Horovod for the trial of a plan whose steps use none (trials.Quiet), unless a
+    runner of the process made since uses it; whether it left."""
+    if _horovod_in_use:
+        return False
+    from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
+
+    machine_allreduce.leave_horovod()  # every worker at the same step
+    return True
 
 
 def _leave_horovod_unless_used(plan: Plan, needs_horovod: bool, is_chief: bool) -> None:

@@ -80,7 +80,8 @@ def _quiet_trials(seconds, idle):
     ("switch", index), "leave", "join", ("kept", name)."""
     events = []
     candidates = [trials.Candidate(f"plan {i}", None, _Runner(s)) for i, s in enumerate(seconds)]
-    quiet = trials.Quiet(idle, lambda: events.append("leave"), lambda: events.append("join"))
+    quiet = trials.Quiet(idle, lambda: events.append("leave") or True,
+                         lambda: events.append("join"))
     runner = trials.TrialRunner(candidates, 3, lambda values: values,
                                 lambda _, c: events.append(("kept", c.name)), 0.0, quiet)
     runner._switch = lambda index: (events.append(("switch", index)),
@@ -102,6 +103,18 @@ def test_a_plan_whose_steps_use_no_horovod_is_timed_without_it():
     _, _, events = _quiet_trials([0.01, 0.02], [True, True])
     assert events == ["leave", "join", ("switch", 1), "leave", "join", ("switch", 0),
                       ("kept", "plan 0")]
+
+
+def test_a_trial_stays_in_horovod_where_another_runner_uses_it():
+    candidates = [trials.Candidate(f"plan {i}", None, _Runner(s)) for i, s in enumerate([1, 2])]
+    joins = []
+    quiet = trials.Quiet([True, True], lambda: False, lambda: joins.append("join"))
+    runner = trials.TrialRunner(candidates, 3, lambda values: values, lambda *_: None, 0.0,
+                                quiet)
+    runner._switch = lambda index: setattr(runner, "_index", index)
+    for _ in range(6):
+        runner.run("train")
+    assert runner.settled and not joins and not any(c.quiet for c in candidates)
 
 
 class _Session:

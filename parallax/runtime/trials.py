@@ -39,7 +39,7 @@ class Quiet:
     it, PS's rule ran 5-10% slower in the trials than in Parallax PS's own job (nmt at 1 and 10
     Gbit, 122-127 ms a step against 114-115), and AUTO kept a slower plan."""
     idle: List[bool]  # per candidate: its steps use no collective
-    leave: Callable[[], None]
+    leave: Callable[[], bool]  # whether it left (not where another runner uses Horovod)
     join: Callable[[], None]  # the switches and the agreement need Horovod
 
 
@@ -156,8 +156,8 @@ class TrialRunner(ParallaxRunner):
     def _leave_if_idle(self) -> None:
         if self._quiet is not None and self._quiet.idle[self._index]:
             started = time.perf_counter()
-            self._quiet.leave()
-            self._left = self._candidates[self._index].quiet = True
+            if self._quiet.leave():
+                self._left = self._candidates[self._index].quiet = True
             self.overhead["switch"] += time.perf_counter() - started
 
     def _join_if_left(self) -> None:
