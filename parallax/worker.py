@@ -109,8 +109,9 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         # whose workers agree on stopping (runtime/monitored.py)
         from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
 
-        machine_allreduce.init_horovod(
-            cluster, any(plan.hierarchical_allreduce for _, _, plan in plans))
+        join_horovod = functools.partial(machine_allreduce.init_horovod, cluster, any(
+            plan.hierarchical_allreduce for _, _, plan in plans))
+        join_horovod()
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
     # AUTO's trials time the alternatives first and the cost model's choice last: where it
@@ -146,22 +147,20 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
 
     quiet = None
     if not needs_horovod:
-        quiet = trials.Quiet(
-            [not plan.steps_use_horovod for _, _, plan in plans], _leave_horovod_for_trial,
-            lambda: machine_allreduce.init_horovod(
-                cluster, any(plan.hierarchical_allreduce for _, _, plan in plans)))
+        quiet = trials.Quiet([not plan.steps_use_horovod for _, _, plan in plans],
+                             _leave_horovod_if_unused, join_horovod)
     return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
                               build_seconds, quiet)
 
 
-def _leave_horovod_for_trial() -> bool:
-    """Leave Horovod for the trial of a plan whose steps use none (trials.Quiet), unless a
-    runner of the process made since uses it; whether it left."""
+def _leave_horovod_if_unused() -> bool:
+    """Leave Horovod unless a runner of the process uses it (for its steps, or a script that
+    needs it); whether it left. Every worker calls it at the same point."""
     if _horovod_in_use:
         return False
     from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
 
-    machine_allreduce.leave_horovod()  # every worker at the same step
+    machine_allreduce.leave_horovod()
     return True
 
 
@@ -169,15 +168,11 @@ def _leave_horovod_unless_used(plan: Plan, needs_horovod: bool, is_chief: bool) 
     """Leave Horovod once the runner of `plan` is ready, if neither its steps nor another
     runner of the process use it (joined for AUTO's trials, or for the replicas' first
     broadcast only): idle, its background thread still coordinates the workers every cycle,
-    CPU the steps lose where the cores are shared (machine_allreduce.leave_horovod)."""
+    CPU the steps lose where the cores are shared (machine_allreduce.leave_horovod). AUTO's
+    trials also leave it for a plan whose steps use none (trials.Quiet)."""
     global _horovod_in_use  # pylint: disable=global-statement
     _horovod_in_use = _horovod_in_use or needs_horovod or plan.steps_use_horovod
-    if _horovod_in_use:
-        return
-    from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
-
-    machine_allreduce.leave_horovod()  # every worker at the same point of start()
-    if is_chief:
+    if _leave_horovod_if_unused() and is_chief:
         log.info("%s", LEFT_HOROVOD)
 
 
