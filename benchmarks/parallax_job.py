@@ -66,7 +66,23 @@ def main():
                   hierarchical_allreduce=meter.machine_stages(runner.transformed_graph),
                   placement=meter.placement(runner.transformed_graph),
                   sync=runner.synchronization, asynchronous=args.asynchronous,
-                  straggler_ms=args.straggler_ms, **details)
+                  straggler_ms=args.straggler_ms, **trials(runner), **details)
+
+
+def trials(runner) -> dict:
+    """AUTO's trials as the chief timed them (parallax/runtime/trials.py): each plan's
+    predicted and measured step, whether it was timed without Horovod and kept, and what the
+    trials cost besides their steps; nothing for a job that timed no plans."""
+    candidates = getattr(runner, "candidates", None)
+    if not candidates:
+        return {}
+
+    def ms(seconds):
+        return None if seconds is None else seconds * 1e3
+    return {"trials": [{"plan": c.name, "predicted_ms": ms(c.predicted),
+                        "measured_ms": ms(c.measured), "without_horovod": c.quiet,
+                        "kept": c.runner is runner.current} for c in candidates],
+            "trials_overhead_seconds": dict(runner.overhead)}
 
 
 if __name__ == "__main__":

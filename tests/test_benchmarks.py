@@ -18,6 +18,7 @@ import analytic  # noqa: E402
 import prediction_fit  # noqa: E402
 import repeated  # noqa: E402
 import report  # noqa: E402
+import trial_accuracy  # noqa: E402
 
 DENSE = {"name": "w", "bytes": 1000, "rows": None, "reads": 1}
 SPARSE = {"name": "e", "bytes": 10 ** 6, "rows": 30, "unique_rows": [10, 18],
@@ -300,6 +301,33 @@ def test_the_prediction_fit_gives_the_models_error_the_floor_and_fitted_costs(tm
     assert lines[-1].startswith("- 1gbit: allreduce: ms a variable ")
 
 
+def test_the_trials_are_compared_with_the_jobs_of_their_plans(tmp_path):
+    """A run where AUTO timed AR's rule at 45 ms and PS's at 66 (Parallax AR's and PS's own
+    jobs: 50 and 60 ms a step) and the cost model's choice, which has no job of its own, kept
+    PS's rule and ran 64 ms a step."""
+    summary = _summary("1gbit", {"parallax-auto": 0.064, "parallax-ar": 0.05,
+                                 "parallax-ps": 0.06})
+    auto = next(r for r in summary["results"] if r["system"] == "parallax-auto")
+    auto["records"][0]["trials"] = [
+        {"plan": "AR's rule", "predicted_ms": 30.0, "measured_ms": 45.0,
+         "without_horovod": False, "kept": False},
+        {"plan": "PS's rule", "predicted_ms": 30.0, "measured_ms": 66.0,
+         "without_horovod": True, "kept": True},
+        {"plan": "the cost model's choice", "predicted_ms": 29.0, "measured_ms": 70.0,
+         "without_horovod": False, "kept": False}]
+    _write(tmp_path / "run1" / "1gbit", summary)
+    found = trial_accuracy.jobs([str(tmp_path)])
+    assert [(j["run"], j["workload"], j["auto"]) for j in found] == [
+        (str(tmp_path / "run1"), "lm", pytest.approx(64))]
+    lines = trial_accuracy.table(found)
+    rows = _cells(lines[:5], key_columns=4)
+    assert rows[("run1", "1gbit", "lm", "PS's rule")] == ["66.0", "60.0", "1.10", "kept"]
+    assert rows[("run1", "1gbit", "lm", "AR's rule")] == ["45.0", "50.0", "0.90", ""]
+    assert rows[("run1", "1gbit", "lm", "the cost model's choice")] == ["70.0", "-", "-", ""]
+    assert "| PS's rule | 1.10 (1.10-1.10, 1) |" in lines
+    assert lines[-1].endswith("0.94 (0.94-0.94, 1)")  # 60 / 64
+
+
 @pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
 def test_one_worker_alone_is_the_windows_of_its_runs_before_and_after_the_other_jobs():
     def single(seconds, cpu):
@@ -351,15 +379,21 @@ def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
     env = dict(os.environ, PARALLAX_BENCH_CLUSTER_DIR="/tmp/parallax-test-bench")
     result = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "run.py"), "--workloads", "lm",
-         "--systems", "parallax-hybrid", "horovod", "tf-ps", "--no-ablation", "--warmup", "1",
-         "--window", "2", "--windows", "1", "--rate", "1gbit", "--out", str(tmp_path)],
+         "--systems", "parallax-hybrid", "parallax-auto", "horovod", "tf-ps", "--no-ablation",
+         "--warmup", "1", "--window", "2", "--windows", "1", "--rate", "1gbit",
+         "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = (tmp_path / "results.md").read_text()
-    for label in ("Parallax HYBRID", "Horovod", "TF-PS", "1 worker",
+    for label in ("Parallax HYBRID", "Parallax AUTO", "Horovod", "TF-PS", "1 worker",
                   "measured before and after the other jobs"):
         assert label in text
     assert "failed" not in text, text
+    # AUTO's chief recorded its trials: the plans it timed, one of them kept
+    (found,) = trial_accuracy.jobs([str(tmp_path)])
+    assert [t["kept"] for t in found["trials"]].count(True) == 1
+    assert "the cost model's choice" in {t["plan"] for t in found["trials"]}
+    assert all(t["measured_ms"] > 0 for t in found["trials"])
     assert (tmp_path / "lm.png").stat().st_size > 0
     assert (tmp_path / "prediction.png").stat().st_size > 0  # predicted against measured
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True,
