@@ -16,9 +16,6 @@ summary.json files), per group of link rates:
 from __future__ import annotations
 
 import argparse
-import glob
-import json
-import os
 import statistics
 from typing import List, Sequence
 
@@ -35,13 +32,7 @@ def jobs(folders: Sequence[str]) -> List[dict]:
     its summary, or of its rates), rate, workload, system, measured and predicted step, and
     per way of synchronizing its (variables, bytes on all links a step)."""
     found = []
-    for path in sorted({p for f in folders for p in glob.glob(
-            os.path.join(f, "**", "summary.json"), recursive=True)}):
-        with open(path) as file:
-            summary = json.load(file)
-        run = os.path.dirname(path)
-        if os.path.basename(run) == summary["rate"]:
-            run = os.path.dirname(run)
+    for run, summary in report.summaries(folders):
         for workload, rows in report.rows_by_workload(summary).items():
             for row in rows:
                 if "predicted_ms" not in row or row["system"].startswith("ablation"):

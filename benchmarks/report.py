@@ -232,6 +232,21 @@ def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:
     return rows
 
 
+def summaries(folders) -> List[Tuple[str, dict]]:
+    """Every summary.json under `folders`, with its run: the folder of the summary, or of its
+    rates (a multi-rate run's)."""
+    found = []
+    for path in sorted({p for f in folders for p in glob.glob(
+            os.path.join(f, "**", "summary.json"), recursive=True)}):
+        with open(path) as file:
+            summary = json.load(file)
+        run = os.path.dirname(path)
+        if os.path.basename(run) == summary["rate"]:
+            run = os.path.dirname(run)
+        found.append((run, summary))
+    return found
+
+
 def one_worker(singles: List[dict]) -> dict:
     """A workload's measurements of one worker alone (run.py: before and after its other
     jobs, as this machine's speed drifts) as one result: the windows of all of them."""

@@ -13,8 +13,6 @@ cost model's choice has none), so each trial is compared with a job of its plan:
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
 import re
 import statistics
@@ -33,13 +31,7 @@ def jobs(folders: Sequence[str]) -> List[dict]:
     """Every AUTO job with trials under `folders`: its run, rate, workload, its step and its
     trials, and the step of every system of its run and workload."""
     found = []
-    for path in sorted({p for f in folders for p in glob.glob(
-            os.path.join(f, "**", "summary.json"), recursive=True)}):
-        with open(path) as file:
-            summary = json.load(file)
-        run = os.path.dirname(path)
-        if os.path.basename(run) == summary["rate"]:
-            run = os.path.dirname(run)
+    for run, summary in report.summaries(folders):
         for workload, rows in report.rows_by_workload(summary).items():
             steps = {row["system"]: row["step_ms"] for row in rows if "step_ms" in row}
             for result in summary["results"]:
