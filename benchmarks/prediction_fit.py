@@ -139,11 +139,7 @@ def main() -> None:
     found = jobs(args.folders)
     if not found:
         parser.error("no predicted job in the summary.json files under " + " ".join(args.folders))
-    text = "\n".join(table(found, [group.split(",") for group in args.rates])) + "\n"
-    print(text, end="")
-    if args.out:
-        with open(args.out, "w") as file:
-            file.write(text)
+    report.print_and_save(table(found, [group.split(",") for group in args.rates]), args.out)
 
 
 if __name__ == "__main__":

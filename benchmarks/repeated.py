@@ -103,10 +103,7 @@ def main():
         lines = table(args.folders)
     except ValueError as error:
         parser.error(str(error))
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(lines) + "\n")
+    report.print_and_save(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -247,6 +247,15 @@ def summaries(folders) -> List[Tuple[str, dict]]:
     return found
 
 
+def print_and_save(lines: List[str], path: Optional[str]) -> None:
+    """A tool's markdown report on stdout, and in the file `path` too where given."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if path:
+        with open(path, "w") as out:
+            out.write(text)
+
+
 def one_worker(singles: List[dict]) -> dict:
     """A workload's measurements of one worker alone (run.py: before and after its other
     jobs, as this machine's speed drifts) as one result: the windows of all of them."""

@@ -82,11 +82,11 @@ def main() -> None:
     parser.add_argument("folders", nargs="+")
     parser.add_argument("--out", help="write the tables to this markdown file too")
     args = parser.parse_args()
-    text = "\n".join(table(jobs(args.folders))) + "\n"
-    print(text, end="")
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text)
+    found = jobs(args.folders)
+    if not found:  # runs before AUTO's chief recorded its trials have none
+        parser.error("no AUTO job with recorded trials in the summary.json files under "
+                     + " ".join(args.folders))
+    report.print_and_save(table(found), args.out)
 
 
 if __name__ == "__main__":
