@@ -71,7 +71,8 @@ def main():
 
 def trials(runner) -> dict:
     """AUTO's trials as the chief timed them (parallax/runtime/trials.py): each plan's
-    predicted and measured step, whether it was timed without Horovod and kept, and what the
+    predicted and measured step (the mean of its rounds, and each round's), whether it was
+    timed without Horovod and kept, and what the
     trials cost besides their steps; nothing for a job that timed no plans."""
     candidates = getattr(runner, "candidates", None)
     if not candidates:
@@ -80,7 +81,9 @@ def trials(runner) -> dict:
     def ms(seconds):
         return None if seconds is None else seconds * 1e3
     return {"trials": [{"plan": c.name, "predicted_ms": ms(c.predicted),
-                        "measured_ms": ms(c.measured), "without_horovod": c.quiet,
+                        "measured_ms": ms(c.measured),
+                        "rounds_ms": [ms(seconds) for seconds in c.rounds],
+                        "without_horovod": c.quiet,
                         "kept": c.runner is runner.current} for c in candidates],
             "trials_overhead_seconds": dict(runner.overhead)}
 

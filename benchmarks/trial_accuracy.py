@@ -51,6 +51,12 @@ def _spread(ratios: List[float]) -> str:
             f"{len(ratios)})" if ratios else "-")
 
 
+def _rounds(trial: dict) -> str:
+    """A plan timed in two rounds (the two nearest): each round's step."""
+    rounds = trial.get("rounds_ms") or []
+    return " (" + ", ".join(f"{ms:.1f}" for ms in rounds) + ")" if len(rounds) > 1 else ""
+
+
 def table(found: List[dict]) -> List[str]:
     lines = ["| run | rate | workload | plan | trial (ms) | its own job (ms) | trial / own job |"
              " kept |", "|---|---|---|---|---|---|---|---|"]
@@ -66,7 +72,7 @@ def table(found: List[dict]) -> List[str]:
                 kept_ratios.append(own / job["auto"])
             lines.append(
                 f"| {os.path.basename(job['run'])} | {job['rate']} | {job['workload']} | "
-                f"{trial['plan']} | {trial['measured_ms']:.1f} | "
+                f"{trial['plan']} | {trial['measured_ms']:.1f}{_rounds(trial)} | "
                 f"{'-' if own is None else f'{own:.1f}'} | "
                 f"{'-' if ratio is None else f'{ratio:.2f}'} | {'kept' if trial['kept'] else ''} |")
     lines += ["", "| plan | trial / own job: median (range, trials) |", "|---|---|"]

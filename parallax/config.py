@@ -141,6 +141,11 @@ class Config:
         then the cost model's choice), the first
         half of each untimed (a plan's steps get faster over its first 10-15 here), and keeps
         the plan whose steps were fastest on the cluster.
+        Where the second fastest is within trial_retime_within (a fraction) of the fastest,
+        those two are timed again in the reverse order (A B, then B A: a drift of the
+        machine weighs on both alike), and each counts the mean of its two rounds: a plan's
+        timed steps, a second or two, ran 0.76-1.18 of its own job's step here, and lm's plans
+        at 1 and 10 Gbit are within 5-10% of each other. 0 times every plan once.
         They are real training steps: each plan goes on from the last one's variables and
         input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a
@@ -180,6 +185,7 @@ class Config:
     export_graph_path: Optional[str] = None
     sync: bool = True
     trial_steps: int = 30
+    trial_retime_within: float = 0.15
     warn_unsharded_input: bool = True
     verify_steps: int = 0
 
@@ -212,6 +218,10 @@ class Config:
                 0 < self.trial_steps < 3):
             raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (the first half to "
                              f"warm up, then timed ones), got {self.trial_steps!r}")
+        if not isinstance(self.trial_retime_within, (int, float)) or not (
+                self.trial_retime_within >= 0):
+            raise ValueError(f"trial_retime_within must be a fraction >= 0 (0: time every plan "
+                             f"once), got {self.trial_retime_within!r}")
         if not isinstance(self.verify_steps, int) or self.verify_steps < 0:
             raise ValueError(f"verify_steps must be a whole number of training steps (0: "
                              f"train, do not verify), got {self.verify_steps!r}")

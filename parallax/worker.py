@@ -150,7 +150,7 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         quiet = trials.Quiet([not plan.steps_use_horovod for _, _, plan in plans],
                              _leave_horovod_if_unused, join_horovod)
     return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
-                              build_seconds, quiet)
+                              build_seconds, quiet, retime_within=config.trial_retime_within)
 
 
 def _leave_horovod_if_unused() -> bool:

@@ -527,3 +527,9 @@ def test_a_step_drawing_random_numbers_is_not_timed_and_says_why():
 def test_trial_steps_are_none_or_a_warm_up_and_timed_ones(steps):
     with pytest.raises(ValueError, match="trial_steps must be 0"):
         Config(run_option="AUTO", trial_steps=steps)
+
+
+@pytest.mark.parametrize("within", [-0.1, "0.15", float("nan")])
+def test_trial_retime_within_is_a_fraction_of_a_step(within):
+    with pytest.raises(ValueError, match="trial_retime_within must be a fraction >= 0"):
+        Config(run_option="AUTO", trial_retime_within=within)

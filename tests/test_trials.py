@@ -6,15 +6,17 @@ from parallax.runtime import trials
 
 
 class _Runner:
-    """Stands for a plan's ParallaxRunner: its runs' seconds, and how it was closed."""
+    """Stands for a plan's ParallaxRunner: its runs' seconds (a number, or one per trial of 3
+    steps), and how it was closed."""
 
     def __init__(self, seconds):
-        self.seconds, self.closed, self.runs = seconds, None, 0
+        self.seconds = seconds if isinstance(seconds, list) else [seconds]
+        self.closed, self.runs = None, 0
         self.last_run = (False, 0.0)
 
     def run(self, *_):
         self.runs += 1
-        self.last_run = (True, self.seconds)
+        self.last_run = (True, self.seconds[min((self.runs - 1) // 3, len(self.seconds) - 1)])
         return self.runs
 
     def close(self):
@@ -30,7 +32,8 @@ class _Runner:
 def _trial_runner(seconds, switches, kept):
     candidates = [trials.Candidate(f"plan {i}", None, _Runner(s)) for i, s in enumerate(seconds)]
     runner = trials.TrialRunner(candidates, 3, lambda values: values,
-                                lambda _, candidate: kept.append(candidate), 0.0)
+                                lambda _, candidate: kept.append(candidate), 0.0,
+                                retime_within=0.15)
     runner._switch = lambda index: (switches.append(index), setattr(runner, "_index", index))
     return runner, candidates
 
@@ -62,20 +65,61 @@ def test_a_script_ending_in_the_trials_saves_only_the_plan_in_use():
     assert [c.runner.closed for c in candidates] == ["not saved", "saved"]
 
 
+def test_the_two_nearest_plans_are_timed_again_in_the_reverse_order():
+    """Plans 1 and 2 are within 15% (Config.trial_retime_within): plan 2, in use, goes on for a second round,
+    then plan 1; each keeps the mean of its rounds, and plan 1's slower second round loses."""
+    switches, kept = [], []
+    runner, candidates = _trial_runner([0.03, [0.010, 0.014], 0.0105], switches, kept)
+    for _ in range(15):
+        assert not runner.settled
+        runner.run("train")
+    assert runner.settled and switches == [1, 2, 1, 2] and kept == [candidates[2]]
+    assert [c.runner.runs for c in candidates] == [3, 6, 6]
+    assert candidates[1].rounds == [0.010, 0.014] and candidates[1].measured == 0.012
+    assert candidates[2].rounds == [0.0105, 0.0105] and candidates[0].rounds == [0.03]
+    assert "plan 1: predicted - ms, measured 12.0 ms (rounds 10.0 and 14.0)" in runner.describe()
+    assert "plan 2 10.5 ms a step (rounds 10.5 and 10.5)" in trials.describe_kept(
+        runner, candidates[2])
+
+
+def test_a_second_round_that_agrees_keeps_the_plan_in_use():
+    switches, kept = [], []
+    runner, candidates = _trial_runner([0.0105, 0.03, 0.010], switches, kept)
+    for _ in range(15):
+        runner.run("train")
+    # plans 2 and 0: plan 2 again (in use), then plan 0, and back to plan 2, the faster
+    assert switches == [1, 2, 0, 2] and kept == [candidates[2]]
+    assert [c.runner.runs for c in candidates] == [6, 3, 6]
+
+
 def test_the_chiefs_timings_decide_on_every_worker():
     """The agreement (Horovod's broadcast from rank 0) replaces this worker's medians."""
     switches, kept = [], []
     candidates = [trials.Candidate(f"plan {i}", None, _Runner(s))
                   for i, s in enumerate([0.01, 0.02])]
     runner = trials.TrialRunner(candidates, 3, lambda values: np.array([0.05, 0.02]),
-                                lambda _, candidate: kept.append(candidate), 0.0)
+                                lambda _, candidate: kept.append(candidate), 0.0,
+                                retime_within=0.15)
     runner._switch = lambda index: (switches.append(index), setattr(runner, "_index", index))
     for _ in range(6):
         runner.run("train")
     assert kept == [candidates[1]] and [c.measured for c in candidates] == [0.05, 0.02]
 
 
-def _quiet_trials(seconds, idle):
+def test_no_second_round_where_retiming_is_off():
+    candidates = [trials.Candidate(f"plan {i}", None, _Runner(s))
+                  for i, s in enumerate([0.0105, 0.010])]
+    kept = []
+    runner = trials.TrialRunner(candidates, 3, lambda values: values,
+                                lambda _, candidate: kept.append(candidate), 0.0,
+                                retime_within=0.0)
+    runner._switch = lambda index: setattr(runner, "_index", index)
+    for _ in range(6):
+        runner.run("train")
+    assert kept == [candidates[1]] and [c.rounds for c in candidates] == [[0.0105], [0.010]]
+
+
+def _quiet_trials(seconds, idle, steps=None):
     """A trial runner whose candidates' steps use Horovod or not (`idle`), with its events:
     ("switch", index), "leave", "join", ("kept", name)."""
     events = []
@@ -83,10 +127,11 @@ def _quiet_trials(seconds, idle):
     quiet = trials.Quiet(idle, lambda: events.append("leave") or True,
                          lambda: events.append("join"))
     runner = trials.TrialRunner(candidates, 3, lambda values: values,
-                                lambda _, c: events.append(("kept", c.name)), 0.0, quiet)
+                                lambda _, c: events.append(("kept", c.name)), 0.0, quiet,
+                                retime_within=0.15)
     runner._switch = lambda index: (events.append(("switch", index)),
                                     setattr(runner, "_index", index))
-    for _ in range(3 * len(seconds)):
+    for _ in range(steps or 3 * len(seconds)):
         runner.run("train")
     return runner, candidates, events
 
@@ -105,12 +150,19 @@ def test_a_plan_whose_steps_use_no_horovod_is_timed_without_it():
                       ("kept", "plan 0")]
 
 
+def test_a_second_round_leaves_horovod_for_its_quiet_plan_too():
+    _, candidates, events = _quiet_trials([0.0105, 0.010], [True, False], steps=12)
+    assert events == ["leave", "join", ("switch", 1), ("switch", 0), "leave", "join",
+                      ("switch", 1), ("kept", "plan 1")]
+    assert [len(c.rounds) for c in candidates] == [2, 2]
+
+
 def test_a_trial_stays_in_horovod_where_another_runner_uses_it():
     candidates = [trials.Candidate(f"plan {i}", None, _Runner(s)) for i, s in enumerate([1, 2])]
     joins = []
     quiet = trials.Quiet([True, True], lambda: False, lambda: joins.append("join"))
     runner = trials.TrialRunner(candidates, 3, lambda values: values, lambda *_: None, 0.0,
-                                quiet)
+                                quiet, retime_within=0.15)
     runner._switch = lambda index: setattr(runner, "_index", index)
     for _ in range(6):
         runner.run("train")

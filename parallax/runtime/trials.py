@@ -6,7 +6,8 @@ local variables, and the position of its tf.data iterators — so the trial step
 steps of one training, as one device would run them.
 
 Every worker switches after the same training step and takes the chief's timings, so they all
-keep the same plan."""
+keep the same plan. The two fastest plans, where they are near (Config.trial_retime_within),
+are timed again in the reverse order, and each counts the mean of its two rounds."""
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,10 @@ class Candidate:
     name: str  # how the plan was made: the cost model's choice, or a run option's rule
     predicted: Optional[float]  # seconds of a step, as the cost model predicted
     runner: ParallaxRunner
-    measured: Optional[float] = None  # median seconds of its timed steps, as the chief saw
+    measured: Optional[float] = None  # mean of its rounds
     quiet: bool = False  # timed without the job's collectives (Quiet)
+    # per round it was timed in: the median seconds of its timed steps, as the chief saw
+    rounds: List[float] = dataclasses.field(default_factory=list)
 
 
 class TrialRunner(ParallaxRunner):
@@ -61,12 +64,14 @@ class TrialRunner(ParallaxRunner):
     def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=W0231
                  agree: Callable[[np.ndarray], np.ndarray],
                  on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float,
-                 quiet: Optional[Quiet] = None):
+                 quiet: Optional[Quiet] = None, *, retime_within: float):
         self._candidates = candidates
         self._trial_steps = steps
+        self._retime_within = retime_within
         self._agree = agree  # the chief's vector, on every worker (a collective: a barrier)
         self._on_kept = on_kept
         self._index = 0
+        self._round = list(range(len(candidates)))  # the plans timed in this round, in order
         self._times: List[float] = []
         self._kept: Optional[Candidate] = None
         # What the trials cost beyond their steps: the other plans' runners, then the switches
@@ -102,7 +107,8 @@ class TrialRunner(ParallaxRunner):
 
     def describe(self) -> str:
         lines = [self.current.describe(), "trials on the cluster (Config.trial_steps="
-                 f"{self._trial_steps}, median step of the timed ones; building the other "
+                 f"{self._trial_steps}, median step of the timed ones, mean of two rounds for "
+                 f"the two nearest plans; building the other "
                  f"plans took {self.overhead['build']:.1f} s, switching "
                  f"{self.overhead['switch']:.1f} s):"]
         for index, candidate in enumerate(self._candidates):
@@ -112,7 +118,7 @@ class TrialRunner(ParallaxRunner):
                      "in use" if self._kept is None and index == self._index else "")
             quiet = " without Horovod" if candidate.quiet else ""
             lines.append(f"  {candidate.name}: predicted {predicted} ms, measured {measured} "
-                         f"ms{quiet} {state}".rstrip())
+                         f"ms{_rounds(candidate)}{quiet} {state}".rstrip())
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -128,23 +134,35 @@ class TrialRunner(ParallaxRunner):
                 candidate.runner.close_after_trial()
 
     def _next(self) -> None:
-        """After a plan's trial steps: on to the next plan, or to the fastest one."""
+        """After a plan's trial steps: on to the next plan of the round, to a second round of
+        the two nearest, or to the fastest plan."""
         # The first half of a plan's steps are not timed: its session's first runs (graph
         # optimization, connections, allocations), then steps that get faster for a while (a
         # plan with every variable on servers, lm at 1 Gbit: 57 ms a step in its 3rd to 12th,
         # 50 after; timed from its 3rd, AUTO kept a plan 15% slower).
         timed = self._times[len(self._times) // 2:]
-        self._candidates[self._index].measured = statistics.median(timed)
+        self._candidates[self._index].rounds.append(statistics.median(timed))
         self._times = []
         self._join_if_left()
-        if self._index + 1 < len(self._candidates):
-            self._switch(self._index + 1)
+        position = self._round.index(self._index)
+        if position + 1 < len(self._round):
+            self._switch(self._round[position + 1])
             self._leave_if_idle()
             return
-        agreed = self._agree(np.array([c.measured for c in self._candidates], np.float64))
-        for candidate, seconds in zip(self._candidates, agreed):
-            candidate.measured = float(seconds)
-        fastest = int(np.argmin(agreed))
+        timed = [self._candidates[index] for index in self._round]
+        agreed = self._agree(np.array([c.rounds[-1] for c in timed], np.float64))
+        for candidate, seconds in zip(timed, agreed):
+            candidate.rounds[-1] = float(seconds)
+            candidate.measured = statistics.mean(candidate.rounds)
+        again = self._nearest() if len(timed[0].rounds) == 1 else []
+        if again:
+            self._round = again
+            if again[0] != self._index:
+                self._switch(again[0])
+            self._leave_if_idle()
+            return
+        fastest = min(range(len(self._candidates)),
+                      key=lambda index: self._candidates[index].measured)
         if fastest != self._index:
             self._switch(fastest)
         self._kept = self._candidates[fastest]
@@ -152,6 +170,17 @@ class TrialRunner(ParallaxRunner):
             if candidate is not self._kept:
                 candidate.runner.close_after_trial()
         self._on_kept(self, self._kept)
+
+    def _nearest(self) -> List[int]:
+        """The two fastest plans, the later-timed first, if the second is within
+        Config.trial_retime_within of the first; else none."""
+        order = sorted(range(len(self._candidates)),
+                       key=lambda index: self._candidates[index].measured)
+        if len(order) < 2 or (self._candidates[order[1]].measured
+                              > self._candidates[order[0]].measured
+                              * (1 + self._retime_within)):
+            return []
+        return sorted(order[:2], reverse=True)
 
     def _leave_if_idle(self) -> None:
         if self._quiet is not None and self._quiet.idle[self._index]:
@@ -255,9 +284,16 @@ def agreement(name: str = "parallax_trials") -> Callable[[np.ndarray], np.ndarra
 
 def describe_kept(runner: TrialRunner, kept: Candidate) -> str:
     return ("AUTO timed its plans on the cluster: " + "; ".join(
-        f"{c.name} {c.measured * 1e3:.1f} ms a step"
+        f"{c.name} {c.measured * 1e3:.1f} ms a step{_rounds(c)}"
         + (f" (predicted {c.predicted * 1e3:.1f})" if c.predicted is not None else "")
         + (" without Horovod" if c.quiet else "")
         for c in runner.candidates) + f"; kept {kept.name} (the trials cost "
         f"{runner.overhead['build']:.1f} s building the other plans and "
         f"{runner.overhead['switch']:.1f} s switching, besides their steps)")
+
+
+
+def _rounds(candidate: Candidate) -> str:
+    if len(candidate.rounds) < 2:
+        return ""
+    return " (rounds " + " and ".join(f"{seconds * 1e3:.1f}" for seconds in candidate.rounds) + ")"
