@@ -5,6 +5,8 @@ cost model's choice has none), so each trial is compared with a job of its plan:
 
 - a plan's step in the trials over its own job's step: how far 15 timed steps, after a
   switch, are from the plan's steady step (what decides which plan AUTO keeps);
+- the kept plan's trial step over AUTO's step once kept: the same plan in the same job, a
+  minute apart, without the spread between two jobs;
 - AUTO's throughput over that of the job of the rule it kept: the same plan minutes apart,
   the spread any comparison of two jobs here has.
 
@@ -61,13 +63,15 @@ def table(found: List[dict]) -> List[str]:
     lines = ["| run | rate | workload | plan | trial (ms) | its own job (ms) | trial / own job |"
              " kept |", "|---|---|---|---|---|---|---|---|"]
     by_plan: dict = {}
-    kept_ratios = []
+    kept_ratios, kept_trial_ratios = [], []
     for job in found:
         for trial in job["trials"]:
             own = job["steps"].get(own_job(trial["plan"]) or "")
             ratio = trial["measured_ms"] / own if own and trial["measured_ms"] else None
             if ratio is not None:
                 by_plan.setdefault(trial["plan"], []).append(ratio)
+            if trial["kept"]:
+                kept_trial_ratios.append(trial["measured_ms"] / job["auto"])
             if trial["kept"] and own:
                 kept_ratios.append(own / job["auto"])
             lines.append(
@@ -77,7 +81,9 @@ def table(found: List[dict]) -> List[str]:
                 f"{'-' if ratio is None else f'{ratio:.2f}'} | {'kept' if trial['kept'] else ''} |")
     lines += ["", "| plan | trial / own job: median (range, trials) |", "|---|---|"]
     lines += [f"| {plan} | {_spread(ratios)} |" for plan, ratios in sorted(by_plan.items())]
-    lines += ["", "AUTO's throughput over that of the job of the rule it kept: median (range, "
+    lines += ["", "The kept plan's trial step over AUTO's step once kept: median (range, jobs) "
+              f"{_spread(kept_trial_ratios)}",
+              "", "AUTO's throughput over that of the job of the rule it kept: median (range, "
               f"jobs) {_spread(kept_ratios)}"]
     return lines
 

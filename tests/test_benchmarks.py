@@ -326,6 +326,7 @@ def test_the_trials_are_compared_with_the_jobs_of_their_plans(tmp_path):
     assert rows[("run1", "1gbit", "lm", "AR's rule")] == ["45.0", "50.0", "0.90", ""]
     assert rows[("run1", "1gbit", "lm", "the cost model's choice")] == ["70.0", "-", "-", ""]
     assert "| PS's rule | 1.10 (1.10-1.10, 1) |" in lines
+    assert "over AUTO's step once kept: median (range, jobs) 1.03 (1.03-1.03, 1)" in lines[-3]
     assert lines[-1].endswith("0.94 (0.94-0.94, 1)")  # 60 / 64
 
 
