@@ -149,12 +149,12 @@ class TrialRunner(ParallaxRunner):
             self._switch(self._round[position + 1])
             self._leave_if_idle()
             return
-        timed = [self._candidates[index] for index in self._round]
-        agreed = self._agree(np.array([c.rounds[-1] for c in timed], np.float64))
-        for candidate, seconds in zip(timed, agreed):
+        in_round = [self._candidates[index] for index in self._round]
+        agreed = self._agree(np.array([c.rounds[-1] for c in in_round], np.float64))
+        for candidate, seconds in zip(in_round, agreed):
             candidate.rounds[-1] = float(seconds)
             candidate.measured = statistics.mean(candidate.rounds)
-        again = self._nearest() if len(timed[0].rounds) == 1 else []
+        again = self._nearest() if len(in_round[0].rounds) == 1 else []
         if again:
             self._round = again
             if again[0] != self._index:
