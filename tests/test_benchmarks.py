@@ -15,6 +15,7 @@ from emulated import reason as no_cluster_reason
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import analytic  # noqa: E402
+import planner_floor  # noqa: E402
 import prediction_fit  # noqa: E402
 import repeated  # noqa: E402
 import report  # noqa: E402
@@ -273,6 +274,42 @@ def test_repeated_multi_rate_runs_give_the_median_and_minimum_against_the_target
                                      "NOT met"]  # the median below 0.97
     with pytest.raises(ValueError, match="mix"):
         repeated.table(folders + [os.path.join(REPO, "benchmarks", "results")])
+
+
+def test_a_perfect_planner_keeps_the_fastest_plan_with_its_own_or_another_runs_job(tmp_path):
+    """Three runs: PS 100, 100 and 125 ms a step, HYBRID 105 in each, AUTO 100, 110, 100. PS
+    is the fastest plan over the runs; in run 3 HYBRID beat it."""
+    for i, (ps, auto) in enumerate([(0.1, 0.1), (0.1, 0.11), (0.125, 0.1)]):
+        _write(tmp_path / f"run{i + 1}" / "10gbit", _summary(
+            "10gbit", {"parallax-auto": auto, "parallax-ps": ps, "parallax-hybrid": 0.105}))
+    folders = [str(tmp_path / f"run{i + 1}") for i in range(3)]
+    found = planner_floor.floor(planner_floor.throughputs(folders)["10gbit", "lm"])
+    assert found["fastest"] == "parallax-ps"
+    assert found["own"] == pytest.approx([1, 1, 0.84])  # run 3: 100 / 105 words a ms
+    # another run's PS job over each run's best: 1 and 0.8 in runs 1 and 2, 1.05 twice in 3
+    assert sorted(found["other_run"]) == pytest.approx([0.8, 0.8, 1, 1, 1.05, 1.05])
+    # two of three runs at 0.97 or above, and one below 0.90: 3 runs meet only if all three
+    # are of the former, (2/3) ** 3
+    assert planner_floor.chance_met(found["own"]) == pytest.approx(8 / 27)
+    # AUTO: 1, 0.91, 1.05; one between 0.90 and 0.97 is allowed: + 3 (2/3) ** 2 (1/3)
+    assert planner_floor.chance_met(found["auto"]) == pytest.approx(20 / 27)
+    # Two more jobs of PS, one after the other: 100 and 110 ms a step, 1.1 and 1 / 1.1
+    # either way round; with each run's own ratio above, 0.76-1.1.
+    repeats = [str(tmp_path / f"again{i}") for i in (1, 2)]
+    for folder, ps in zip(repeats, (0.1, 0.11)):
+        _write(folder, _summary("10gbit", {"parallax-ps": ps}))
+    assert planner_floor.second_jobs(repeats) == {
+        ("10gbit", "lm", "parallax-ps"): pytest.approx([1 / 1.1, 1.1])}
+    lines = planner_floor.table(folders, repeats)
+    assert _cells(lines[4:7], key_columns=2)["10gbit", "lm"] == [
+        "Parallax PS", "1.00 (0.84), 30%", "1.00, 33%, 30%", "2, 0.92, 17%, 20%",
+        "1.00 (0.91), 74%"]
+    assert lines[-1].endswith("perfect planner 30% with no noise of its own, 30% with "
+                              "another run's job, 20% with a second job minutes apart (the 1 "
+                              "of 1 cells measured so); AUTO 74%.")
+    assert _cells(planner_floor.table(folders)[4:7], key_columns=2)["10gbit", "lm"][3] == "-"
+    with pytest.raises(ValueError, match="at least two runs"):
+        planner_floor.table(folders[:1])
 
 
 def test_the_prediction_fit_gives_the_models_error_the_floor_and_fitted_costs(tmp_path):
