@@ -302,13 +302,16 @@ def main():
 
 def _run_at(rate: str, args, base_setup: Setup, out: str) -> List[dict]:
     """Every selected job of every selected workload on a cluster whose links run at `rate`
-    ('up' takes down any cluster before it), taken down after them."""
+    ('up' takes down any cluster before it, unless another live process brought it up),
+    taken down after them."""
     shape = ["--rate", rate] + (["--delay", args.delay] if args.delay else [])
     cluster_env = dict(os.environ, PARALLAX_CLUSTER_DIR=base_setup.state)
     results = []
+    if subprocess.run(["bash", CLUSTER_SCRIPT, "up", str(args.hosts), *shape],
+                      env=cluster_env, stdout=subprocess.DEVNULL).returncode != 0:
+        # not taken down: a cluster another process uses is its (emulated_cluster.sh says so)
+        sys.exit("benchmarks/run.py: the emulated cluster did not come up (the reason is above)")
     try:
-        subprocess.run(["bash", CLUSTER_SCRIPT, "up", str(args.hosts), *shape],
-                       env=cluster_env, check=True, stdout=subprocess.DEVNULL)
         for workload in args.workloads:
             setup = base_setup.for_workload(workload)
             results.append(run_job("single", _single, setup, workload, out, args.timeout))

@@ -4,7 +4,11 @@
 # bandwidth and latency with tc. For Parallax's multi-machine tests and benchmarks.
 #
 #   scripts/emulated_cluster.sh up N [--rate 100mbit] [--delay 1ms]   # prints the state folder
-#   scripts/emulated_cluster.sh down                                  # removes all of it; safe twice
+#   scripts/emulated_cluster.sh down [--force]                   # removes all of it; safe twice
+#
+# There is one cluster a machine (its names and addresses are fixed): the process that ran 'up'
+# owns it while it lives, and another process's 'up' or 'down' fails, naming it, instead of
+# pulling the cluster from under its jobs ('down --force' takes it anyway).
 #
 # Host i (1..N) is namespace pxh$i, hostname h$i, address 10.213.0.$((i+1)); the root namespace
 # is 10.213.0.1 on bridge pxbr0, so a driver can run here. The state folder
@@ -16,9 +20,28 @@ state="${PARALLAX_CLUSTER_DIR:-/tmp/parallax-cluster}"
 bridge=pxbr0
 subnet=10.213.0
 
-usage() { sed -n '2,14p' "$0" >&2; exit 2; }
+owner_file=/run/parallax-emulated-cluster.owner
+
+usage() { sed -n '2,18p' "$0" >&2; exit 2; }
+
+started() {  # a process's start time (clock ticks after boot), which a reused pid does not keep
+    sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $20}'
+}
+
+refuse_if_owned() {  # exits if a live process other than the caller owns the cluster
+    [ -f "$owner_file" ] || return 0
+    local pid since
+    read -r pid since < "$owner_file" || return 0
+    if [ "$pid" != "$PPID" ] && [ -n "$since" ] && [ "$(started "$pid")" = "$since" ]; then
+        echo "emulated_cluster: the cluster is in use by process $pid" \
+             "($(tr '\0' ' ' < "/proc/$pid/cmdline" | cut -c1-100)); wait for it to end," \
+             "or take the cluster with 'down --force'" >&2
+        exit 1
+    fi
+}
 
 down() {
+    [ "${1:-}" = "--force" ] || refuse_if_owned
     if [ -d "$state" ]; then
         for pidfile in "$state"/sshd-*.pid; do
             [ -e "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
@@ -41,7 +64,7 @@ down() {
         sleep 0.1
     done
     ip link delete "$bridge" 2>/dev/null || true
-    rm -rf "$state"
+    rm -rf "$state" "$owner_file"
 }
 
 # shape TC DEVICE RATE DELAY: a token bucket (tbf) for the rate, under netem for the delay.
@@ -84,6 +107,7 @@ up() {
     [[ "$count" =~ ^[1-9][0-9]?$ ]] || { echo "emulated_cluster: N must be 1..99" >&2; exit 2; }
     [ "$(id -u)" = 0 ] || { echo "emulated_cluster: needs root (network namespaces)" >&2; exit 1; }
     need_sshd
+    refuse_if_owned
     down
     trap '[ $? -eq 0 ] || down' EXIT  # a cluster that failed to come up is taken down whole
     mkdir -p "$state" /run/sshd
@@ -153,11 +177,12 @@ CONF
             sleep 0.1
         done
     done
+    echo "$PPID $(started "$PPID")" > "$owner_file"
     echo "$state"
 }
 
 case "${1:-}" in
     up) [ $# -ge 2 ] || usage; shift; up "$@" ;;
-    down) down ;;
+    down) case "${2:-}" in ""|--force) down "${2:-}" ;; *) usage ;; esac ;;
     *) usage ;;
 esac

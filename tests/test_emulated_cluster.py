@@ -7,12 +7,13 @@ import time
 import psutil
 import pytest
 
-from emulated import cluster_script, namespace_pids, pytestmark  # noqa: F401
+from emulated import CLUSTER_SCRIPT, cluster_script, namespace_pids, pytestmark  # noqa: F401
 from runner.link_probe import probe
 from runner.ssh import SSHConfig
 
 pytestmark = [pytestmark, pytest.mark.job]
 STATE = "/tmp/parallax-test-cycle"
+OWNER_FILE = "/run/parallax-emulated-cluster.owner"
 
 
 def _cluster_links():
@@ -36,6 +37,40 @@ def test_down_then_up_at_once_works_every_time():
                                       text=True).stdout.strip()
     finally:
         cluster_script("down", state=STATE)
+
+
+def test_a_cluster_in_use_is_not_taken_from_its_owner():
+    """Another process's 'up' or 'down' fails, naming the owner (two benchmarks at once used
+    to take each other's hosts down mid-job); 'down --force' takes it; an owner that ended
+    (killed, its record left) holds nothing."""
+    env = dict(os.environ, PARALLAX_CLUSTER_DIR=STATE)
+    owner = subprocess.Popen(["bash", "-c", f"bash {CLUSTER_SCRIPT} up 1 >/dev/null && sleep 60"],
+                             env=env)
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(OWNER_FILE):
+            assert owner.poll() is None and time.time() < deadline, "the owner's up failed"
+            time.sleep(0.2)
+        with open(OWNER_FILE) as record_file:
+            record = record_file.read()
+        assert record.split()[0] == str(owner.pid)
+        for args in (["up", "1"], ["down"]):
+            done = subprocess.run(["bash", CLUSTER_SCRIPT, *args], env=env,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1
+            assert f"in use by process {owner.pid} (" in done.stderr
+            assert namespace_pids(1), "the owner's host was taken down"
+        cluster_script("down", "--force", state=STATE)
+        assert not namespace_pids(1) and not os.path.exists(OWNER_FILE)
+        owner.kill()
+        owner.wait()
+        with open(OWNER_FILE, "w") as record_file:
+            record_file.write(record)
+        cluster_script("up", "1", state=STATE)
+        assert namespace_pids(1)
+    finally:
+        owner.kill()
+        cluster_script("down", "--force", state=STATE)
 
 
 def test_the_link_probe_measures_a_shaped_link_over_ssh():
