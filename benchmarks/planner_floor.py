@@ -76,8 +76,8 @@ def chance_met(ratios: Sequence[float]) -> float:
     return above ** 3 + 3 * above ** 2 * between
 
 
-def floor(per_system: Dict[str, List[float]],
-          second_job: Optional[Dict[str, List[float]]] = None) -> dict:
+def perfect_planner(per_system: Dict[str, List[float]],
+                    second_job: Optional[Dict[str, List[float]]] = None) -> dict:
     """The fastest plan of a cell, and the perfect planner's and AUTO's ratios over the best
     alternative of each run (given a second job's ratios to the first per system, a perfect
     planner with the fastest plan's: "repeat")."""
@@ -113,8 +113,9 @@ def table(folders: Sequence[str], repeats: Sequence[str] = ()) -> List[str]:
              "|---|---|---|---|---|---|---|"]
     chances: Dict[str, List[float]] = {"own": [], "other_run": [], "repeat": [], "auto": []}
     for (rate, workload), per_system in cells.items():
-        found = floor(per_system, {system: ratios for (r, w, system), ratios in second.items()
-                                   if (r, w) == (rate, workload)})
+        found = perfect_planner(per_system, {
+            system: ratios for (r, w, system), ratios in second.items()
+            if (r, w) == (rate, workload)})
         for key, ratios in found.items():
             if key in chances and ratios:
                 chances[key].append(chance_met(ratios))

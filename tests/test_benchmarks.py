@@ -283,7 +283,7 @@ def test_a_perfect_planner_keeps_the_fastest_plan_with_its_own_or_another_runs_j
         _write(tmp_path / f"run{i + 1}" / "10gbit", _summary(
             "10gbit", {"parallax-auto": auto, "parallax-ps": ps, "parallax-hybrid": 0.105}))
     folders = [str(tmp_path / f"run{i + 1}") for i in range(3)]
-    found = planner_floor.floor(planner_floor.throughputs(folders)["10gbit", "lm"])
+    found = planner_floor.perfect_planner(planner_floor.throughputs(folders)["10gbit", "lm"])
     assert found["fastest"] == "parallax-ps"
     assert found["own"] == pytest.approx([1, 1, 0.84])  # run 3: 100 / 105 words a ms
     # another run's PS job over each run's best: 1 and 0.8 in runs 1 and 2, 1.05 twice in 3
