@@ -54,7 +54,7 @@ def get_partitioner(min_partitions: int = 1):
         count = contracts.read_partition_counts().get(call, min_partitions)
         contracts.record_partitioner_call(graph, PartitionerCall(
             len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)), min_partitions))
-        return [max(1, min(count, shape[0]))] + [1] * (len(shape) - 1)
+        return [max(1, min(count, tf.compat.dimension_value(shape[0])))] + [1] * (len(shape) - 1)
 
     return partitioner
 

@@ -23,6 +23,8 @@ def run_job(script, *args, timeout=300, cwd=REPO, env=None):
 
 
 def load_workload(name):
+    if WORKLOADS not in sys.path:  # as the workload sees its folder when run as a script
+        sys.path.insert(0, WORKLOADS)
     spec = importlib.util.spec_from_file_location(name, os.path.join(WORKLOADS, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

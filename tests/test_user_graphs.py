@@ -2,6 +2,7 @@
 workers exactly as on one device with the combined batch, in every mode; shapes Parallax cannot
 support are refused at get_runner with an error that names them."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -30,8 +31,8 @@ def _train(tmp_path, shape, run_option, *extra, env=None):
     return result
 
 
-def _assert_single_device(tmp_path, shape):
-    expected, fetched = user_graphs.train_single_device(shape, WORKERS)
+def _assert_single_device(tmp_path, shape, tf1=False):
+    expected, fetched = user_graphs.train_single_device(shape, WORKERS, tf1)
     largest = 0.0
     for worker in range(WORKERS):
         saved = np.load(tmp_path / f"worker{worker}.npz")
@@ -59,17 +60,22 @@ REFUSED = {("cond", "HYBRID"): "updates variables on parameter servers ['model/e
 @pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
 @pytest.mark.parametrize("shape", sorted(user_graphs.SHAPES))
 def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
+    """Each shape in one of the three modes, by turns, after disable_v2_behavior() (TF1 code)."""
+    tf1 = sorted(user_graphs.SHAPES).index(shape) % 3 == ["AR", "PS", "HYBRID"].index(run_option)
+    behaviour = ["--tf1-behaviour"] if tf1 else []
     if (shape, run_option) in REFUSED:
         result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
                          "--resources", TWO_MACHINES, "--run-option", run_option,
-                         "--out", str(tmp_path), timeout=300)
+                         "--out", str(tmp_path), *behaviour, timeout=300)
         assert result.returncode != 0 and REFUSED[shape, run_option] in result.stderr
         assert "[127.0.0.1:worker:0]" not in result.stdout, "refused after starting workers"
         return
-    result = _train(tmp_path, shape, run_option)
-    _assert_single_device(tmp_path, shape)
+    result = _train(tmp_path, shape, run_option, *behaviour)
+    _assert_single_device(tmp_path, shape, tf1)
     if shape == "cifar10":  # its loop runs the initializer: skipped, once per worker, said so
-        assert result.stdout.count("runner.run(init) skipped") == WORKERS
+        made_at = re.findall(r"runner\.run\(the initializer made at (\S+user_graphs\.py:\d+)\) "
+                             r"skipped", result.stdout)
+        assert len(made_at) == WORKERS and len(set(made_at)) == 1, result.stdout[-3000:]
 
 
 @pytest.mark.job
@@ -113,8 +119,9 @@ def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
 def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option, flags):
     """With sync_batch_norm (on by default) the batch statistics, forward and backward, are the
     combined batch's: the batch-norm CNN (moving statistics too) equals one device's."""
-    result = _train(tmp_path, "batchnorm", run_option, *flags)
-    _assert_single_device(tmp_path, "batchnorm")
+    tf1 = run_option == "HYBRID"  # after disable_v2_behavior(), as TF1 code
+    result = _train(tmp_path, "batchnorm", run_option, *flags, *(["--tf1-behaviour"] * tf1))
+    _assert_single_device(tmp_path, "batchnorm", tf1)
     assert ("batch norm: statistics of the combined batch, as on one device (sync_batch_norm): "
             "moments/mean") in result.stdout
     assert "sync_batch_norm=False" not in result.stderr
@@ -129,8 +136,9 @@ def test_sync_batch_norm_of_a_fused_kernel_trains_as_on_one_device(tmp_path, sha
     """A fused batch norm (one kernel, as tf.compat.v1.layers and tf_keras build it), NHWC and
     NCHW, with sync_batch_norm or by default: rewritten over the combined batch, forward and
     backward, its moving statistics (Bessel-corrected variance) too, equal to one device's."""
-    _train(tmp_path, shape, run_option, *flags)
-    _assert_single_device(tmp_path, shape)
+    tf1 = run_option == "HYBRID"  # after disable_v2_behavior(), as TF1 code
+    _train(tmp_path, shape, run_option, *flags, *(["--tf1-behaviour"] * tf1))
+    _assert_single_device(tmp_path, shape, tf1)
 
 
 @pytest.mark.job

@@ -140,5 +140,6 @@ def _reduced_sizes(op: tf.Operation) -> Optional[List[Optional[int]]]:
 
 def batch_sizes(sources: Iterable[tf.Operation]) -> Set[int]:
     """The known leading sizes of the input's tensors: a batch's size when it is fixed."""
-    return {out.shape[0] for op in sources for out in op.outputs
-            if out.shape.rank and out.shape[0] is not None}
+    # dimension_value: under TF1 behaviour a shape's entries are Dimension objects.
+    return {tf.compat.dimension_value(out.shape[0]) for op in sources for out in op.outputs
+            if out.shape.rank and tf.compat.dimension_value(out.shape[0]) is not None}

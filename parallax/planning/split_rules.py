@@ -91,7 +91,7 @@ def families_of(graph: tf.Graph, splits: Dict[str, int]) -> Dict[str, Family]:
             raise NotSplittable(f"{name!r} has no gradient in this graph")
         if not all(r.is_sparse for r in own):
             raise NotSplittable(f"{name!r} has a dense gradient")
-        rows = variables[name].shape[0]
+        rows = tf.compat.dimension_value(variables[name].shape[0])
         slots = [other for other, v in variables.items() if other != name
                  and f"loc:@{name}".encode() in v.op.colocation_groups()
                  and v.shape.rank and v.shape[0] == rows and v.op.type == "VarHandleOp"]
@@ -330,9 +330,9 @@ def _counts_rows(tensor: tf.Tensor, family: Family) -> bool:
     begin, end = (tf.get_static_value(t) for t in tensor.op.inputs[1:3])
     source = _peeled(tensor.op.inputs[0])
     if source.op.type == "VariableShape":
-        rows = tf.TensorShape(source.op.inputs[0].op.get_attr("shape"))[0]
+        rows = tf.TensorShape(source.op.inputs[0].op.get_attr("shape")).as_list()[0]
     elif source.op.type == "Shape":
-        rows = source.op.inputs[0].shape[0]
+        rows = tf.compat.dimension_value(source.op.inputs[0].shape[0])
     else:  # a constant shape
         shape = tf.get_static_value(source)
         rows = shape.tolist()[0] if shape is not None and shape.size else None

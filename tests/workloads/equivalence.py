@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import parallax
+from tf1 import behaviour
 
 SPARSE_GRADIENTS = "equivalence_sparse_gradients"  # (variable name, IndexedSlices)
 OPTIMIZERS = {
@@ -28,6 +29,9 @@ OPTIMIZERS = {
 }
 CONFIGS = [f"{opt}{'+clip' if clip else ''}"
            for opt, clip in itertools.product(OPTIMIZERS, (False, True))]
+# Built, rewritten and trained after tf.compat.v1.disable_v2_behavior(), as ported TF1 code is:
+# reference variables, TF1 shapes (Dimension entries), v1 control flow and DatasetV1.
+TF1_CONFIGS = [config for config in CONFIGS if config.endswith("+clip")]
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
 ID_RANGE = VOCAB // 2  # ids drawn below it (set_dense_ids: every row in every batch)
 STEPS, BATCH_PER_WORKER = 20, 4
@@ -88,7 +92,25 @@ def _keras_initial(shape, seed):
 
 
 def _lstm(sequence):
-    """A Keras 3 LSTM over the looked-up ids: a while loop reading its kernels each step."""
+    """A Keras 3 LSTM over the looked-up ids: a while loop reading its kernels each step. Keras
+    3's LSTM needs control flow v2, so under TF1 behaviour a hand-written one in tf.scan (a v1
+    while loop, as dynamic_rnn makes) with the same kernels."""
+    if not tf.compat.v1.control_flow_v2_enabled():
+        kernel = tf.compat.v1.get_variable("lstm/kernel", [EMBED, 4 * HIDDEN],
+                                           initializer=_initial([EMBED, 4 * HIDDEN], 5))
+        recurrent = tf.compat.v1.get_variable("lstm/recurrent_kernel", [HIDDEN, 4 * HIDDEN],
+                                              initializer=_initial([HIDDEN, 4 * HIDDEN], 6))
+
+        def cell(state, inputs):
+            hidden, memory = tf.unstack(state)
+            i, f, c, o = tf.split(tf.matmul(inputs, kernel) + tf.matmul(hidden, recurrent), 4,
+                                  axis=1)
+            memory = tf.sigmoid(f) * memory + tf.sigmoid(i) * tf.tanh(c)
+            return tf.stack([tf.sigmoid(o) * tf.tanh(memory), memory])
+
+        steps = tf.transpose(sequence, [1, 0, 2])
+        start = tf.zeros(tf.stack([2, tf.shape(sequence)[0], HIDDEN]))
+        return tf.compat.v1.scan(cell, steps, initializer=start)[-1][0]
     return keras.layers.LSTM(
         HIDDEN, kernel_initializer=_keras_initial([EMBED, 4 * HIDDEN], 5),
         recurrent_initializer=_keras_initial([HIDDEN, 4 * HIDDEN], 6))(sequence)
@@ -204,13 +226,15 @@ def _train(run, graph, train_op, global_step, fetch_gradients=False):
 
 
 def train_single_device(model, config, batch, loss_scale=1.0, fetch_gradients=False):
-    graph, train_op, global_step = build(model, config, batch, shard=False, loss_scale=loss_scale)
-    with graph.as_default():
-        init = tf.compat.v1.global_variables_initializer()
-    session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    with tf.compat.v1.Session(graph=graph, config=session_config) as session:
-        session.run(init)
-        return _train(session.run, graph, train_op, global_step, fetch_gradients)
+    with behaviour(config in TF1_CONFIGS):
+        graph, train_op, global_step = build(model, config, batch, shard=False,
+                                             loss_scale=loss_scale)
+        with graph.as_default():
+            init = tf.compat.v1.global_variables_initializer()
+        session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        with tf.compat.v1.Session(graph=graph, config=session_config) as session:
+            session.run(init)
+            return _train(session.run, graph, train_op, global_step, fetch_gradients)
 
 
 def main():
@@ -261,17 +285,20 @@ def main():
         trial_steps=args.trial_steps, trial_retime_within=args.trial_retime_within,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
     for index, config in enumerate(args.configs):
-        graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER, shard=True)
-        if args.rejoin_horovod:
-            config_of_job.hierarchical_allreduce = index == 1
-        if args.checkpoint:  # saved when the runner closes
-            config_of_job.ckpt_config = parallax.CheckpointConfig(
-                ckpt_dir=os.path.join(args.out, "ckpt", config))
-        runner = parallax.get_runner(graph, args.resources, config_of_job)
-        values, steps = _train(runner.run, graph, train_op, global_step, args.fetch_gradients)
-        np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
-                 global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
-        runner.close()
+        with behaviour(config in TF1_CONFIGS):
+            graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER,
+                                                 shard=True)
+            if args.rejoin_horovod:
+                config_of_job.hierarchical_allreduce = index == 1
+            if args.checkpoint:  # saved when the runner closes
+                config_of_job.ckpt_config = parallax.CheckpointConfig(
+                    ckpt_dir=os.path.join(args.out, "ckpt", config))
+            runner = parallax.get_runner(graph, args.resources, config_of_job)
+            values, steps = _train(runner.run, graph, train_op, global_step,
+                                   args.fetch_gradients)
+            np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
+                     global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
+            runner.close()
         if args.rejoin_horovod and index == 1:
             from parallax.rewriting import machine_allreduce  # pylint: disable=C0415
 

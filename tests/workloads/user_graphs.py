@@ -18,6 +18,7 @@ from tensorflow.python.ops import control_flow_util
 from tensorflow.python.training import moving_averages  # as TF1 batch-norm code does
 
 import parallax
+from tf1 import behaviour
 
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS = 30, 4, 5, 8, 3, 3
 BATCH_PER_WORKER = 4
@@ -563,18 +564,20 @@ def _variables(graph, run):
     return dict(zip([v.op.name for v in variables], run(variables)))
 
 
-def train_single_device(shape, workers):
-    """Single-device training on the combined batch of `workers` workers."""
-    graph, inputs, loop = _build(shape)
-    for op in graph.get_operations():
-        if op.device.startswith("/job:"):  # a parameter-server job's pins: one device has none
-            op._set_device("")  # pylint: disable=protected-access
-    with graph.as_default():
-        init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=graph) as session:
-        session.run(init)
-        fetched = loop(session.run, _feeder(inputs, workers, 0, share=False), True)
-        return _variables(graph, session.run), fetched
+def train_single_device(shape, workers, tf1=False):
+    """Single-device training on the combined batch of `workers` workers (with `tf1`, after
+    disable_v2_behavior(), as the job's --tf1-behaviour)."""
+    with behaviour(tf1):
+        graph, inputs, loop = _build(shape)
+        for op in graph.get_operations():
+            if op.device.startswith("/job:"):  # a parameter-server job's pins: none on one device
+                op._set_device("")  # pylint: disable=protected-access
+        with graph.as_default():
+            init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(init)
+            fetched = loop(session.run, _feeder(inputs, workers, 0, share=False), True)
+            return _variables(graph, session.run), fetched
 
 
 def main():
@@ -596,10 +599,15 @@ def main():
     parser.add_argument("--monitored", action="store_true",
                         help="the loop through parallax.MonitoredTrainingSession and hooks "
                              "(shapes with a global step)")
+    parser.add_argument("--tf1-behaviour", action="store_true",
+                        help="tf.compat.v1.disable_v2_behavior() first, as ported TF1 code")
     args = parser.parse_args()
     global RESTORE_IN_CHIEF_ONLY
     RESTORE_IN_CHIEF_ONLY = args.chief_restores
-    tf.compat.v1.disable_eager_execution()
+    if args.tf1_behaviour:
+        tf.compat.v1.disable_v2_behavior()
+    else:
+        tf.compat.v1.disable_eager_execution()
     graph, inputs, loop = _build(args.shape)
     config = parallax.Config(run_option=args.run_option, sync_batch_norm=args.sync_batch_norm,
                              split_variables=True if args.split_variables else None)
