@@ -92,7 +92,10 @@ def test_local_variables_are_reset_as_the_script_asks(runner, caplog):
     runner.run(t["init"])
     assert runner.run(t["seen"]) == 0.0
     np.testing.assert_allclose(runner.run(t["w"]), [0.7, 0.4])
-    assert f"runner.run({t['init'].name}) skipped but for the local variables" in caplog.text
+    # named by the script's line, the same on every worker, not by the op's name
+    line = [frame.lineno for frame in t["init"].traceback if frame.filename == __file__][-1]
+    made_at = f"the initializer made at {__file__}:{line}"
+    assert f"runner.run({made_at}) skipped but for the local variables" in caplog.text
 
 
 def test_fetch_not_in_graph_is_named(runner):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import signal
 import sys
+import sysconfig
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -27,6 +29,21 @@ log = logging.getLogger("parallax")
 # its replicas would keep their values, and the workers train different models.
 RESTORED = ("restored a checkpoint (saver.restore(runner, path), which every worker runs, as "
             "the script does on one device, not only the chief)")
+
+
+# Where the script's own frames are not: an op's traceback, innermost last, ends in these.
+_LIBRARIES = tuple(sysconfig.get_paths()[key] + os.sep for key in ("purelib", "platlib")) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+
+
+def _made_at(op: tf.Operation) -> str:
+    """An initializer, named by the script's line that made it rather than by its name, which
+    differs between workers where the chief's graph holds more ops of that name (init_3 on the
+    chief, init_1 on the others)."""
+    for frame in reversed(op.traceback):
+        if not os.path.abspath(frame.filename).startswith(_LIBRARIES):
+            return f"the initializer made at {frame.filename}:{frame.lineno}"
+    return op.name
 
 
 class ParallaxRunner(tf_private.SessionInterface):
@@ -62,6 +79,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
         # Digests of the first training step's input go to the driver (runtime/input_check.py).
         self._check_input = check_input and heartbeat is not None and num_workers > 1
+        self._taken: Set[tf.Tensor] = set()  # input_check.taken_rows of the step checked
         self._recorder = recorder  # parallax.verify's record of the first steps (recording.py)
         self._busy = False  # in a run or a save: a SIGTERM waits for its end
         self._stop_requested = False
@@ -160,7 +178,8 @@ class ParallaxRunner(tf_private.SessionInterface):
                 self._save_and_exit()
         if training and self._recorder is not None and self._recorder.active:
             if self._recorder.write_step({name.partition(" ")[2]: value
-                                          for name, value in inputs.items()}):
+                                          for name, value in inputs.items()
+                                          if not name.startswith("taken ")}):
                 self._recorder.finish(recording.variable_values(self.graph, self.run))
         return result
 
@@ -174,14 +193,17 @@ class ParallaxRunner(tf_private.SessionInterface):
                     if op.type in input_check.INPUT_OP_TYPES}
         ops, fed = [getattr(f, "op", f) for f in fetches], set(feeds or {})
         found = input_check.step_inputs(ops, fed, user_ops)
+        self._taken = (set(input_check.taken_rows(ops, fed, found)) if self._check_input
+                       and not self._heartbeat.digests_reported else set())
         if self._recorder is not None and self._recorder.active:
             found += recording.step_draws(ops, fed)
-        return found
+        return found + sorted(self._taken, key=lambda t: t.name)
 
-    @staticmethod
-    def _named_inputs(tensors, values, feeds) -> Dict[str, object]:
-        """The step's inputs by input_check.name_of: its input ops' values, its fed data."""
-        named = {input_check.name_of(t, fed=False): v for t, v in zip(tensors, values)}
+    def _named_inputs(self, tensors, values, feeds) -> Dict[str, object]:
+        """The step's inputs by input_check.name_of: its input ops' values, the rows the graph
+        took of them by the worker's id, its fed data."""
+        named = {input_check.name_of(t, fed=False, taken=t in self._taken): v
+                 for t, v in zip(tensors, values)}
         named.update({input_check.name_of(t, fed=True): v
                       for t, v in input_check.fed_data(feeds or {}).items()})
         return named
@@ -298,7 +320,7 @@ class ParallaxRunner(tf_private.SessionInterface):
                 self._skipped_initializers[op.name] = tf.group(
                     *kept, name="parallax_skipped_initializer")
         log.warning("runner.run(%s) skipped%s: Parallax initializes the variables "
-                    "itself (and restores checkpoints); remove this call", op.name,
+                    "itself (and restores checkpoints); remove this call", _made_at(op),
                     " but for the local variables" if kept else "")
         return self._skipped_initializers[op.name]
 
