@@ -361,6 +361,27 @@ def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():
         in decision.note)
 
 
+def test_a_step_reading_a_reinitializable_iterator_is_timed_with_the_training_one():
+    """As the Transformer tutorial writes its input: one iterator for a training and an
+    evaluation dataset, each its own initializer (MakeIterator) that the script runs. The probe
+    initializes it with the first one, the training set's, as the script does before its step."""
+    graph = tf.Graph()
+    with graph.as_default():
+        train = tf.data.Dataset.from_tensor_slices(np.arange(400, dtype=np.int64) % 40).batch(8)
+        evaluation = tf.data.Dataset.from_tensor_slices(np.zeros(16, np.int64)).batch(8)
+        iterator = tf.compat.v1.data.Iterator.from_structure(
+            tf.compat.v1.data.get_output_types(train), tf.compat.v1.data.get_output_shapes(train))
+        iterator.make_initializer(train)
+        iterator.make_initializer(evaluation)
+        table = tf.compat.v1.get_variable("table", [40, 4])
+        tf.compat.v1.train.AdamOptimizer().minimize(
+            tf.reduce_sum(tf.nn.embedding_lookup(table, iterator.get_next())))
+    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    assert decision.compute is not None and "predicted step" in decision.note, decision.note
+    # the training set's 8 distinct ids a batch (the evaluation set's: 1), in AUTO's two shards
+    assert sum(s.rows for s in decision.variable_stats().values()) == 8
+
+
 def test_a_step_with_a_fed_learning_rate_is_timed_with_it_fed():
     """A setting (a placeholder of one value) does not change what the step computes."""
     graph = _graph(vocab=1000, ids_per_batch=20)
@@ -385,6 +406,26 @@ def test_a_step_sized_by_a_fed_integer_is_not_timed():
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is None
     assert "compute not measured (the step needs 'batch_size' fed)" in decision.note
+
+
+def test_describe_says_what_hybrid_does_without_one_kind_of_variable():
+    dense = tf.Graph()
+    with dense.as_default():
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        tf.compat.v1.train.AdamOptimizer().minimize(tf.reduce_sum(w))
+    cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
+    header = describe(make_plan(analyze(dense), Config(run_option="HYBRID"), cluster))
+    assert header.startswith("Parallax plan: run_option=HYBRID (no sparse variable: every "
+                             "variable allreduced, as AR), 4 workers"), header
+    sparse = tf.Graph()
+    with sparse.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        table = tf.compat.v1.get_variable("table", [100, 4])
+        tf.compat.v1.train.AdamOptimizer().minimize(
+            tf.reduce_sum(tf.nn.embedding_lookup(table, ids)))
+    header = describe(make_plan(analyze(sparse), Config(run_option="HYBRID"), cluster))
+    assert header.startswith("Parallax plan: run_option=HYBRID (no dense variable: every "
+                             "variable on the servers, as PS), 4 workers"), header
 
 
 def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():

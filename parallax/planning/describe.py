@@ -43,6 +43,10 @@ def describe(plan: Plan) -> str:
              for row in rows]
     auto = plan.decision is not None and plan.decision.run_option == "AUTO"
     run_option = f"AUTO ({plan.run_option}'s passes)" if auto else plan.run_option
+    if plan.requested_run_option == "HYBRID" and plan.run_option != "HYBRID":
+        run_option = ("HYBRID (no sparse variable: every variable allreduced, as AR)"
+                      if plan.run_option == "AR" else
+                      "HYBRID (no dense variable: every variable on the servers, as PS)")
     header = (f"Parallax plan: run_option={run_option}, {plan.num_workers} workers on "
               f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
               + (", local aggregation"

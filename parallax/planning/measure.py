@@ -201,7 +201,8 @@ def _probe_session(graph: tf.Graph):
     as a graph written for TensorFlow's parameter servers names jobs this driver has not), in
     the driver, as a worker's runner would start it:
     variables, local variables and tables initialized, queue runners (shuffle_batch,
-    string_input_producer) started, and stopped at exit."""
+    string_input_producer) started, and stopped at exit; initializable iterators initialized
+    as the script would before its first step (_iterator_initializers)."""
     initializers = [v.initializer for v in graph.get_collection(
         tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(
         tf.compat.v1.GraphKeys.LOCAL_VARIABLES)]
@@ -211,6 +212,7 @@ def _probe_session(graph: tf.Graph):
     coordinator, threads = tf.compat.v1.train.Coordinator(), []
     with tf.compat.v1.Session(graph=graph, config=config) as session:
         session.run(initializers)
+        session.run(_iterator_initializers(graph))
         if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):  # else TF's warning
             with graph.as_default():
                 threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator,
@@ -220,6 +222,17 @@ def _probe_session(graph: tf.Graph):
         finally:
             coordinator.request_stop()
             coordinator.join(threads, stop_grace_period_secs=10)
+
+
+def _iterator_initializers(graph: tf.Graph) -> List[tf.Operation]:
+    """Each initializable iterator's first initializer (MakeIterator) that needs nothing fed:
+    the training dataset's, where a reinitializable iterator has one per dataset and the
+    script initializes the training one first."""
+    first = {}
+    for op in graph.get_operations():
+        if op.type == "MakeIterator" and not _fed_placeholders(graph, [op.name]):
+            first.setdefault(op.inputs[1].op.name, op)
+    return list(first.values())
 
 
 def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> List[tf.Operation]:

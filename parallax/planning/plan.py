@@ -96,6 +96,7 @@ class Plan:
     # reads (contracts.read_partition_counts). Each worker makes this plan again from the
     # decision, for the shards it built.
     replan_in_workers: bool = False
+    requested_run_option: str = ""  # Config.run_option, where it differs from run_option
 
     @property
     def sync_batch_norm(self) -> bool:
@@ -193,7 +194,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
                 [] if sync else batch_norms(analysis),
                 analysis.averaged_writes, analysis.summed_writes, run_index, decision,
                 not config.sync,
-                _machine_stages(config, cluster, variables, decision))
+                _machine_stages(config, cluster, variables, decision),
+                requested_run_option=config.run_option)
 
 
 def check_plan(analysis: GraphAnalysis, config: Config) -> None:
