@@ -299,6 +299,7 @@ import tensorflow as tf
 import parallax
 
 shard_dataset, own_rows, silence = (arg == "1" for arg in sys.argv[1:4])
+take_rows = sys.argv[1] == "rows"  # each worker reads the combined batch and takes its rows
 tf.compat.v1.disable_eager_execution()
 data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
 graph = tf.Graph()
@@ -307,6 +308,9 @@ with graph.as_default():
     if shard_dataset:
         dataset = parallax.shard(dataset)
     read = tf.compat.v1.data.make_one_shot_iterator(dataset.repeat().batch(8)).get_next()
+    if take_rows:
+        num_shards, shard_id = parallax.num_shards_and_shard_id()
+        read = tf.gather(read, tf.range(shard_id, 8, num_shards))
     fed = tf.compat.v1.placeholder(tf.float32, [None, 4], name="fed_rows")
     rate = tf.compat.v1.placeholder(tf.float32, [], name="rate")
     w = tf.compat.v1.get_variable("w", [4, 1])
@@ -322,13 +326,15 @@ for step in range(20):
 
 @pytest.mark.parametrize("shard_dataset,own_rows,silence,warned", [
     ("0", "0", "0", ["tf.data 'IteratorGetNext'", "feed 'fed_rows'"]),
-    ("1", "1", "0", []), ("1", "0", "0", []), ("0", "0", "1", [])],
-    ids=["unsharded", "sharded", "sharded-dataset-same-feed", "silenced"])
+    ("1", "1", "0", []), ("1", "0", "0", []), ("rows", "1", "0", []), ("0", "0", "1", [])],
+    ids=["unsharded", "sharded", "sharded-dataset-same-feed", "rows-taken-in-the-graph",
+         "silenced"])
 def test_workers_that_all_read_the_same_input_are_told_once(tmp_path, shard_dataset,
                                                             own_rows, silence, warned):
     """The newcomer's mistake (a tutorial run without its sharding line trained on copies of
     one batch, silently): said once by the driver, naming the inputs, not the fed rate. An
-    input any worker reads differently is taken as sharded."""
+    input any worker reads differently is taken as sharded, and so is one of which each worker
+    takes its rows by parallax.num_shards_and_shard_id(), as the warning advises."""
     script = tmp_path / "unsharded.py"
     script.write_text(UNSHARDED)
     result = run_job(str(script), shard_dataset, own_rows, silence, timeout=300)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from parallax.planning.analysis import is_setting
 
+SHARD_ID_NAME = "parallax_shard_id"  # parallax.num_shards_and_shard_id()'s id constant
 # The ops that give a step its examples: a tf.data iterator's next element, a queue's dequeue
 # (shuffle_batch, batch); Parallax's own queues are not in the user's graph.
 INPUT_OP_TYPES = frozenset({
@@ -43,6 +44,33 @@ def step_inputs(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
                   key=lambda t: t.name)
 
 
+def taken_rows(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
+               inputs: Collection[tf.Tensor]) -> List[tf.Tensor]:
+    """Where a run of `ops` takes this worker's rows of what it read, by the worker's id
+    (parallax.num_shards_and_shard_id() in the graph): the first ops that both the inputs and
+    the id reach. Workers that read one batch and each take their rows so read alike, and
+    differ here."""
+    runs = reached(ops, fed)
+    shard_ids = [op for op in runs if op.type == "Const" and op.name.split("/")[-1].startswith(
+        SHARD_ID_NAME)]
+    if not shard_ids:
+        return []
+    by_id, by_input = (_downstream(start, runs) for start in (shard_ids, {t.op for t in inputs}))
+    both = by_id & by_input
+    return sorted((t for op in both if not any(i.op in both for i in op.inputs)
+                   for t in op.outputs), key=lambda t: t.name)
+
+
+def _downstream(start: Iterable[tf.Operation], within: Set[tf.Operation]) -> Set[tf.Operation]:
+    seen, stack = set(), list(start)
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(c for t in op.outputs for c in t.consumers() if c in within)
+    return seen
+
+
 def fed_data(feeds: Dict[tf.Tensor, object]) -> Dict[tf.Tensor, object]:
     """The fed values that are data, not settings (a rate, is_training: one value)."""
     return {tensor: value for tensor, value in feeds.items()
@@ -66,11 +94,13 @@ def _digest(value) -> str:
     return digest.hexdigest()
 
 
-def name_of(tensor: tf.Tensor, fed: bool) -> str:
-    """How a value of the step's input is named: its kind, then the tensor."""
+def name_of(tensor: tf.Tensor, fed: bool, taken: bool = False) -> str:
+    """How a value of the step's input is named: its kind, then the tensor (`taken`: one of
+    taken_rows)."""
     op_type = tensor.op.type
-    kind = ("feed" if fed else "tf.data" if op_type.startswith("IteratorGetNext")
-            else "queue" if op_type in INPUT_OP_TYPES else "random")
+    kind = ("feed" if fed else "taken" if taken else "tf.data"
+            if op_type.startswith("IteratorGetNext") else "queue" if op_type in INPUT_OP_TYPES
+            else "random")
     return f"{kind} {tensor.name}"
 
 
