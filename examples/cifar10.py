@@ -13,7 +13,9 @@ What the port changed, each marked "Parallax:" below:
     N times fewer steps, so decay_steps divides by the number of workers;
   - the input is tf.data on synthetic images (the tutorial reads its binary files through
     tf.train.shuffle_batch, which also runs under Parallax, sharded with `parallax.shard` of
-    the file list, but in no fixed order).
+    the file list, but in no fixed order). Every worker shuffles the whole set alike (a fixed
+    seed) and then takes its share, so a step's combined batch holds the images one device's
+    batch of N x 32 would; the random flips are each worker's own draws.
 What it kept: weight decay in the 'losses' collection, moving averages of the losses that the
 gradients wait for, gradient histograms, the decaying learning rate, moving averages of the
 variables after each update, summaries and checkpoints written by the chief (the monitored
@@ -53,9 +55,10 @@ def synthetic_cifar(count, seed=0):
 
 
 def distorted_inputs():
-    # Parallax: each worker on its share (tf.data, in a fixed order, on synthetic images).
+    # Parallax: each worker on its share of one shuffled sequence (sharded after the shuffle,
+    # whose seed is the same on every worker), so the combined batch is one device's.
     dataset = tf.data.Dataset.from_tensor_slices(synthetic_cifar(NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN))
-    dataset = parallax.shard(dataset).shuffle(1000, seed=1).repeat().batch(BATCH_SIZE)
+    dataset = parallax.shard(dataset.shuffle(1000, seed=1).repeat()).batch(BATCH_SIZE)
     images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     images = tf.image.random_flip_left_right(images, seed=2)
     return tf.image.per_image_standardization(images), labels
