@@ -4,11 +4,14 @@ control flow, DatasetV1)."""
 import contextlib
 
 import tensorflow as tf
+from tensorflow.python.framework import ops
 
 
 @contextlib.contextmanager
 def behaviour(tf1: bool):
-    """TF1 behaviour inside when `tf1`; the process's TF2 behaviour (eager as it was) after."""
+    """TF1 behaviour inside when `tf1`; the process's TF2 behaviour after, in graph mode if it
+    was: enable_v2_behavior() would also enable eager execution, which TensorFlow refuses once
+    the process's default graph has been used."""
     if not tf1:
         yield
         return
@@ -17,6 +20,10 @@ def behaviour(tf1: bool):
     try:
         yield
     finally:
-        tf.compat.v1.enable_v2_behavior()
+        enable_eager = ops.enable_eager_execution
         if not eager:
-            tf.compat.v1.disable_eager_execution()
+            ops.enable_eager_execution = lambda *args, **kwargs: None
+        try:
+            tf.compat.v1.enable_v2_behavior()
+        finally:
+            ops.enable_eager_execution = enable_eager
