@@ -64,6 +64,9 @@ def _recording(gradients_helper):
         # intermediate steps, not a variable's gradient.
         if not tf.compat.v1.get_default_graph().building_function:
             _record(xs_list, grads)
+            for y in (ys if isinstance(ys, (list, tuple)) else [ys]):
+                if isinstance(y, tf.Tensor):
+                    contracts.record_loss(y.graph, y.name)
         return grads
 
     helper.parallax_recording = True

@@ -99,6 +99,7 @@ def read_partition_counts() -> Dict[int, int]:
 
 GRADIENTS_COLLECTION = "parallax_gradients"  # GradientRecord.to_json(), capture.py's records
 STATISTIC_GRADIENTS_COLLECTION = "parallax_statistic_gradients"  # {"op", "gradient"} JSON
+LOSSES_COLLECTION = "parallax_losses"  # tensor names: what capture.py saw differentiated
 AGGREGATED_COLLECTION = "parallax_aggregated"  # AggregateRecord JSON, one per aggregate
 # JSON records of step synchronization (passes/sync.py): {"token_queues", "restore_queues"} and
 # {"write"} in the chief's graph; {"write", "cut"} and {"restore_wait"} in the others'.
@@ -161,6 +162,17 @@ def replace_gradients(graph: tf.Graph, records: Sequence[GradientRecord]) -> Non
     """The recorded gradients become `records` (split_variables.py: a split variable's
     gradient becomes its shards')."""
     graph.get_collection_ref(GRADIENTS_COLLECTION)[:] = [r.to_json() for r in records]
+
+
+def record_loss(graph: tf.Graph, tensor: str) -> None:
+    """Written by capture.py: a tensor autodiff differentiated (a loss)."""
+    if tensor not in read_losses(graph):
+        graph.add_to_collection(LOSSES_COLLECTION, tensor)
+
+
+def read_losses(graph: tf.Graph) -> List[str]:
+    return [text.decode() if isinstance(text, bytes) else text
+            for text in graph.get_collection(LOSSES_COLLECTION)]
 
 
 def record_statistic_gradient(graph: tf.Graph, mean_op: str, gradient: str) -> None:

@@ -57,6 +57,15 @@ def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:
             "over workers, as one device counts) nor a per-step value: averaged over workers. "
             "If one counts the batch's examples, compute it with tf.reduce_sum or tf.size over "
             "the batch")
+    divisions = analysis.unclear_denominators
+    if divisions:
+        said.append(
+            f"{len(divisions)} loss(es) divide a sum over the batch by a value of each "
+            f"worker's own data ({_first_three(map(repr, divisions))}) "
+            "that is neither a sum over the batch (which Parallax takes over the combined batch, "
+            "as one device does) nor a per-step value: each worker divides by its own, so the "
+            "job may not train as one device would. If it counts the batch's tokens or weights, "
+            "compute it with tf.reduce_sum over the batch")
     return said
 
 

@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from conftest import load_workload
 from parallax.planning.analysis import (analyze, downstream_ops, gradient_sources,
                                         update_ops_by_variable, upstream_ops)
 
@@ -203,3 +204,47 @@ def test_an_update_the_gradients_wait_for_comes_before_them_and_is_no_variables_
     assert "AdamW/update_w/ResourceApplyAdam" in updates["w"]
     assert {"w/AdamW", "w/AdamW_1"} <= updates["w"]
     assert not any(name.startswith(("AdamD", "d/")) for name in updates["w"])
+
+
+def test_a_loss_divided_by_a_sum_over_the_batch_has_its_denominator_found():
+    """The token-normalized losses of sequence models, by hand and by tf.compat.v1.losses with
+    weights (SUM_BY_NONZERO_WEIGHTS); a batch mean, a constant and the model's own divisor are
+    none; a division by another value of the batch's data is unclear."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tokens = tf.compat.v1.placeholder(tf.int64, [None, None])
+        embedding = tf.compat.v1.get_variable("embedding", [10, 4])
+        w = tf.compat.v1.get_variable("w", [4, 10])
+        logits = tf.einsum("btd,dv->btv", tf.nn.embedding_lookup(embedding, tokens), w)
+        mask = tf.cast(tf.not_equal(tokens, 0), tf.float32)
+        cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens,
+                                                                       logits=logits)
+        by_hand = tf.reduce_sum(cross_entropy * mask) / tf.reduce_sum(mask)
+        by_losses = tf.compat.v1.losses.sparse_softmax_cross_entropy(tokens, logits, weights=mask)
+        kept = (tf.reduce_mean(cross_entropy) / 3.0
+                + tf.reduce_sum(cross_entropy) / tf.reduce_sum(tf.abs(w)))
+        unclear = tf.reduce_sum(cross_entropy) / tf.reduce_max(mask + 1.0)
+        tf.compat.v1.train.AdamOptimizer().minimize(by_hand + by_losses + kept + unclear)
+        tf.compat.v1.summary.scalar("tokens", tf.reduce_sum(mask) / 2.0)  # not differentiated
+    analysis = analyze(graph)
+    assert analysis.loss_denominators == ["sparse_softmax_cross_entropy_loss/num_present:0",
+                                          by_hand.op.inputs[1].name]
+    assert analysis.unclear_denominators == [unclear.op.name]
+
+
+def test_updates_in_a_v1_cond_are_found_under_tf1_behaviour():
+    """tf.compat.v1.disable_v2_behavior(): reference variables reach their updates inside a
+    tf.cond through Switch ops, and the cond is one of v1 control flow."""
+    with load_workload("tf1").behaviour(True):
+        graph = tf.Graph()
+        with graph.as_default():
+            w = tf.compat.v1.get_variable("w", [2, 1])
+            step = tf.compat.v1.train.get_or_create_global_step()
+            optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+            grads = optimizer.compute_gradients(tf.reduce_sum(w))
+            tf.cond(tf.equal(step % 2, 0), lambda: tf.group(optimizer.apply_gradients(grads)),
+                    tf.no_op)
+        analysis = analyze(graph)
+    (update,) = analysis.variables["w"].update_ops
+    assert graph.get_operation_by_name(update).type == "ApplyGradientDescent"
+    assert analysis.in_v1_cond == {update: "cond/cond_text"}

@@ -64,6 +64,12 @@ JOBS = {
     "HYBRID-keras-embedding-split": ("keras-embedding", TWO_MACHINES, [
         "--run-option", "HYBRID", "--split-variables", "--ps-off", "local_aggregation",
         "--fetch-gradients"]),
+    # A loss normalized by the tokens that are not padding, each worker's count its own:
+    # divided by the combined batch's count, as on one device (passes/loss_denominators.py).
+    "AR-seq2seq": ("seq2seq", "localhost:0,1", ["--run-option", "AR"]),
+    "PS-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "PS"]),
+    "HYBRID-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "HYBRID"]),
+    "AUTO-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
 
 
@@ -103,6 +109,19 @@ def test_workers_equal_single_device(job, config):
                 continue  # Keras's RNG state for dropout (none here): advanced by each worker
             np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{config}: {name} on worker {worker}")
+
+
+@pytest.mark.parametrize("job", ["AR-seq2seq", "PS-seq2seq", "HYBRID-seq2seq", "AUTO-seq2seq"],
+                         indirect=True)
+def test_a_loss_normalized_by_its_tokens_is_divided_by_the_combined_batchs(job):
+    """Said in the plan, for the hand-written loss and tf.compat.v1.losses' (weights=mask).
+    (Each trains as on one device: test_workers_equal_single_device.)"""
+    _, _, out, _ = job
+    said = [line for line in (out / "output.txt").read_text().splitlines()
+            if "loss divided by a sum over the batch: by the combined batch's" in line]
+    assert any(line.endswith(": Sum_1:0") for line in said), said
+    assert any(line.endswith(": sparse_softmax_cross_entropy_loss/num_present:0")
+               for line in said), said
 
 
 @pytest.mark.parametrize("job", ["PS-lstm"], indirect=True)

@@ -79,6 +79,15 @@ class GraphAnalysis:
     # Adding writes of per-worker state whose increment is neither a count of the batch nor a
     # per-step value that Parallax can tell: (write, variable), averaged.
     unclear_counters: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    # A loss divided by a sum over the batch (the tokens that are not padding; the weights of
+    # SUM_BY_NONZERO_WEIGHTS): those denominators' tensors, which one device takes over the
+    # combined batch; and the divisions of a loss by a value of the worker's data that is
+    # neither such a sum nor a per-step value (op names).
+    loss_denominators: List[str] = dataclasses.field(default_factory=list)
+    unclear_denominators: List[str] = dataclasses.field(default_factory=list)
+    # Training writes inside a tf.cond of v1 control flow (TF1 behaviour): write -> the cond,
+    # which applies them together as a tf.cond of v2 does in one If op.
+    in_v1_cond: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def inputs_of_updates(self, variable: str) -> set:
         return self.update_reads.get(variable, set())
@@ -167,18 +176,58 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     _check_trained_variables_not_written_from_the_batch(graph, variables, ahead, gradient_names)
     before_gradients = {w for ops in writes.values() for w in ops
                         if graph.get_operation_by_name(w) in ahead}
-    summed, unclear = _counters(graph, extra_state, from_data)
-    return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
-                         batch_moments(graph), fused, before_gradients,
-                         _differentiated(graph, records, writes), summed, unclear)
-
-
-def _counters(graph: tf.Graph, extra_state: Dict[str, ExtraState], from_data: set
-              ) -> Tuple[List[str], List[Tuple[str, str]]]:
-    """The adding writes of per-worker state that count the batch (summed over workers), and
-    those Parallax cannot tell (write, variable)."""
     sizes = counters.batch_sizes(op for op in graph.get_operations()
                                  if op.type.startswith(_DATA_SOURCES) and not is_setting(op))
+    summed, unclear = _counters(graph, extra_state, from_data, sizes)
+    trained = _data_downstream([graph.get_operation_by_name(n) for n in variables],
+                               stop=gradient_names, values_only=True)
+    losses = [graph.get_tensor_by_name(name).op for name in contracts.read_losses(graph)]
+    forward = upstream_ops(losses) | set(losses)
+    denominators, unclear_denominators = _loss_denominators(forward, trained, from_data, sizes)
+    return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
+                         batch_moments(graph), fused, before_gradients,
+                         _differentiated(graph, records, writes), summed, unclear,
+                         denominators, unclear_denominators, _in_v1_cond(graph, writes))
+
+
+def _in_v1_cond(graph: tf.Graph, writes: Dict[str, List[str]]) -> Dict[str, str]:
+    found = {}
+    for name in (w for ops in writes.values() for w in ops):
+        context = tf_private.control_flow_context(graph.get_operation_by_name(name))
+        while context is not None and not context.IsCondContext():
+            context = context.outer_context
+        if context is not None:
+            found[name] = context.name
+    return found
+
+
+def _loss_denominators(forward: Set[tf.Operation], trained: set, from_data: set,
+                       sizes: Set[int]) -> Tuple[List[str], List[str]]:
+    """Of the ops that compute the differentiated losses (`forward`), the scalar divisions of a
+    sum over the batch computed from the trained variables: the denominators that are sums over
+    the batch too (tensor names), and the divisions by another value of the worker's data (op
+    names). A denominator computed from the variables is the model's own, not the batch's."""
+    counted, unclear = [], []
+    for op in sorted(forward, key=lambda op: op.name):
+        if op.type not in counters.DIVIDING or op.outputs[0].shape.rank != 0:
+            continue
+        numerator, denominator = op.inputs[:2]
+        if (numerator.op.name not in trained or denominator.op.name not in from_data
+                or denominator.op.name in trained or counters.tensor_kind(
+                    numerator, from_data, sizes) is not counters.Increment.COUNT):
+            continue
+        kind = counters.tensor_kind(denominator, from_data, sizes)
+        if kind is counters.Increment.COUNT:
+            counted.append(denominator.name)
+        elif kind is counters.Increment.UNCLEAR:
+            unclear.append(op.name)
+    return list(dict.fromkeys(counted)), unclear
+
+
+def _counters(graph: tf.Graph, extra_state: Dict[str, ExtraState], from_data: set,
+              sizes: Set[int]) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """The adding writes of per-worker state that count the batch (summed over workers), and
+    those Parallax cannot tell (write, variable); `sizes` the input's known leading sizes."""
     summed, unclear = [], []
     for state in extra_state.values():
         for name in state.update_ops:
@@ -383,7 +432,13 @@ def is_setting(op: tf.Operation) -> bool:
     return op.type.startswith("Placeholder") and op.outputs[0].shape.rank == 0
 
 
-def _data_downstream(ops, stop: set) -> set:
+# Ops whose outputs depend on their inputs' shapes alone, not on the values.
+_SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+
+
+def _data_downstream(ops, stop: set, values_only: bool = False) -> set:
+    """Names of the ops computed from `ops` (not past the tensors named in `stop`); with
+    `values_only`, not through ops that read only their inputs' shapes."""
     seen, frontier = set(), list(ops)
     while frontier:
         op = frontier.pop()
@@ -391,7 +446,8 @@ def _data_downstream(ops, stop: set) -> set:
             continue
         seen.add(op.name)
         frontier.extend(c for out in op.outputs if out.name not in stop
-                        for c in out.consumers())
+                        for c in out.consumers()
+                        if not (values_only and c.type in _SHAPE_ONLY))
     return seen
 
 
@@ -488,10 +544,15 @@ def _function_writes(graph: tf.Graph, node_def) -> bool:
     return False
 
 
+_PASSING_HANDLES = frozenset({"Identity", "RefIdentity", "Switch", "RefSwitch", "Enter",
+                              "RefEnter"})
+
+
 def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
-    """The variable op a handle or ref tensor comes from, looking through Identity."""
+    """The variable op a handle or ref tensor comes from, looking through Identity and into
+    v1 control flow (a tf.cond's Switch, a loop's Enter: TF1 behaviour)."""
     op = tensor.op
-    while op.type == "Identity" and op.inputs:
+    while op.type in _PASSING_HANDLES and op.inputs:
         op = op.inputs[0].op
     return op.name if op.type in VARIABLE_OP_TYPES else None
 

@@ -37,7 +37,7 @@ _KEEPING = frozenset({"Cast", "Identity", "Neg", "Reshape", "ExpandDims", "Squee
                       "StopGradient", "Snapshot"})
 _SCALING = frozenset({"Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum"})
 _ADDING = frozenset({"Add", "AddV2", "Sub", "AddN"})
-_DIVIDING = frozenset({"RealDiv", "Div", "DivNoNan"})
+DIVIDING = frozenset({"RealDiv", "Div", "DivNoNan"})
 # Sums of per-example contributions into a fixed shape (confusion matrices, histograms).
 _SCATTERS = frozenset({"SparseTensorDenseAdd", "ScatterNd", "UnsortedSegmentSum",
                        "Bincount", "DenseBincount"})
@@ -47,6 +47,11 @@ _STEP_OPS = 200  # how far back an increment is read: past this, unclear
 def increment_kind(write: tf.Operation, from_data: Set[str], batch_sizes: Set[int]) -> Increment:
     """What an adding write's increment is (its second input), `from_data` the names of the
     ops computed from each worker's own data, `batch_sizes` the input's known leading sizes."""
+    return tensor_kind(write.inputs[1], from_data, batch_sizes)
+
+
+def tensor_kind(tensor: tf.Tensor, from_data: Set[str], batch_sizes: Set[int]) -> Increment:
+    """What `tensor` is of the worker's batch (see increment_kind): a loss's denominator too."""
     budget = [_STEP_OPS]
 
     def batch_axis(size: Optional[int]) -> bool:  # a flattened batch's too
@@ -81,13 +86,13 @@ def increment_kind(write: tf.Operation, from_data: Set[str], batch_sizes: Set[in
         if op.type in _KEEPING:
             return kind(op.inputs[0])
         kinds = [kind(t) for t in op.inputs if t.op.name in from_data]
-        if (op.type in _DIVIDING and kinds == [Increment.COUNT]
+        if (op.type in DIVIDING and kinds == [Increment.COUNT]
                 and op.inputs[0].op.name in from_data
                 and counts_fixed_batch(op.inputs[1])):
             return Increment.PER_STEP  # a count over the batch's size: a batch's mean
         if op.type in _SCALING and len(kinds) == 1:  # scaled by what every worker has alike
             return kinds[0]
-        if op.type in _DIVIDING and kinds == [Increment.COUNT] * 2:
+        if op.type in DIVIDING and kinds == [Increment.COUNT] * 2:
             return Increment.PER_STEP  # a ratio of two counts: a batch's mean
         if op.type in _ADDING and len(set(kinds)) == 1:
             return kinds[0]
@@ -101,11 +106,10 @@ def increment_kind(write: tf.Operation, from_data: Set[str], batch_sizes: Set[in
         return values.size > 0 and values.dtype != object and all(
             v > 0 and v == int(v) and batch_axis(int(v)) for v in values)
 
-    increment = write.inputs[1]
-    if increment.op.name not in from_data:  # tf.size of a batch of fixed shape is a constant
-        return (Increment.COUNT if counts_fixed_batch(increment)
+    if tensor.op.name not in from_data:  # tf.size of a batch of fixed shape is a constant
+        return (Increment.COUNT if counts_fixed_batch(tensor)
                 else Increment.PER_STEP)
-    return kind(increment)
+    return kind(tensor)
 
 
 def static_value(tensor: tf.Tensor):

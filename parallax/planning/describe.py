@@ -69,6 +69,9 @@ def describe(plan: Plan) -> str:
     if plan.summed_writes:
         header += ("\ncounts of the batch, summed over workers as one device counts the "
                    f"combined batch: {', '.join(plan.summed_writes)}")
+    if plan.loss_denominators and not plan.asynchronous:
+        header += ("\nloss divided by a sum over the batch: by the combined batch's, as on one "
+                   f"device: {', '.join(plan.loss_denominators)}")
     return "\n".join([header] + lines)
 
 

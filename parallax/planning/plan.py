@@ -97,6 +97,9 @@ class Plan:
     # decision, for the shards it built.
     replan_in_workers: bool = False
     requested_run_option: str = ""  # Config.run_option, where it differs from run_option
+    # Losses' denominators that are sums over the batch (analysis.loss_denominators): each
+    # the mean over workers, so that every worker divides by the combined batch's share.
+    loss_denominators: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def sync_batch_norm(self) -> bool:
@@ -108,7 +111,7 @@ class Plan:
         gradient, per-worker state to combine, batch statistics); a plan that uses Horovod
         without them needs it only for its replicas' first broadcast."""
         return bool(self.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER) or self.averaged_writes
-                    or self.summed_writes or self.sync_batch_norm)
+                    or self.summed_writes or self.sync_batch_norm or self.loss_denominators)
 
     @property
     def num_workers(self) -> int:
@@ -195,7 +198,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
                 analysis.averaged_writes, analysis.summed_writes, run_index, decision,
                 not config.sync,
                 _machine_stages(config, cluster, variables, decision),
-                requested_run_option=config.run_option)
+                requested_run_option=config.run_option,
+                loss_denominators=list(analysis.loss_denominators))
 
 
 def check_plan(analysis: GraphAnalysis, config: Config) -> None:
@@ -303,15 +307,15 @@ def _check_differentiated_gradients_allreduced(analysis, variables) -> None:
 def _check_writes_on_one_side(analysis, variables, extra_state_servers) -> None:
     """An op that updates server variables runs on the chief only; one that also updates
     replicas (a tf.cond applying every update) would leave the other workers' replicas behind."""
-    on_server, replicated = {}, {}  # update op -> the trained variables it updates
+    on_server, replicated = {}, {}  # update op (or v1 cond) -> the trained variables it updates
     for name, info in analysis.variables.items():
         side = on_server if variables[name].sync is Sync.PS else replicated
         for op in info.update_ops:
-            side.setdefault(op, []).append(name)
+            side.setdefault(analysis.in_v1_cond.get(op, op), []).append(name)
     for name, state in analysis.extra_state.items():
         side = on_server if name in extra_state_servers else replicated
         for op in state.update_ops:
-            side.setdefault(op, [])
+            side.setdefault(analysis.in_v1_cond.get(op, op), [])
     for op in sorted(on_server.keys() & replicated.keys()):
         raise ParallaxError(
             f"{op!r} updates variables on parameter servers {on_server[op][:3]} and replicated "
@@ -400,6 +404,8 @@ def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool
                                                    or analysis.fused_batch_norms)):
         return True
     if analysis.averaged_writes or analysis.summed_writes:  # of a metric's variables, say
+        return True
+    if analysis.loss_denominators:
         return True
     return any(name not in analysis.variables and not _on_server_in_ps(analysis, name)
                for name in analysis.all_variables)

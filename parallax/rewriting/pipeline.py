@@ -18,6 +18,7 @@ from parallax.rewriting.passes.boundary import place_boundary_ops
 from parallax.rewriting.passes.dense_shapes import free_constant_dense_shapes
 from parallax.rewriting.passes.defer_server_work import defer_gradient_free_server_work
 from parallax.rewriting.passes.loop_reads import copy_loop_reads_to_worker
+from parallax.rewriting.passes.loss_denominators import combine_loss_denominators
 from parallax.rewriting.passes.placement import place_post_aggregation_ops
 from parallax.rewriting.passes.ps import (aggregate_on_servers, mark_servers_ready,
                                           place_variables_on_servers)
@@ -26,8 +27,8 @@ from parallax.rewriting.passes.sync import synchronize_steps
 from parallax.rewriting.passes.unique_rows import gather_unique_rows
 
 # Every mode may keep replicas (in PS mode: state written from each worker's own data).
-_REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, combine_worker_state,
-             broadcast_initial_values)
+_REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, combine_loss_denominators,
+             combine_worker_state, broadcast_initial_values)
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
        copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
        gather_unique_rows, defer_gradient_free_server_work, synchronize_steps,

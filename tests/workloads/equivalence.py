@@ -39,6 +39,11 @@ STEPS, BATCH_PER_WORKER = 20, 4
 # distinct, a reference variable (AUTO allgathers it while the embedding goes to the servers).
 TAGS_VOCAB, TAGS_PER_EXAMPLE = 10_000, 25
 MIN_PARTITIONS = 1  # of the 'partitioned' model's embedding (parallax.get_partitioner)
+# 'seq2seq': a decoder predicting each next token of a padded sentence from the embedding
+# (shared with the encoder) and the encoded ids, its loss normalized by the tokens that are not
+# padding (a count each worker's batch has its own of): by hand, or by tf.compat.v1.losses with
+# weights=mask (SUM_BY_NONZERO_WEIGHTS) for the optimizers of LOSSES_API.
+SENTENCE, LOSSES_API = 6, ("adam", "adagrad")
 MAX_WORKERS = 4
 NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * MAX_WORKERS
 
@@ -52,6 +57,10 @@ def _examples(num_examples):
         "label": rng.randint(0, CLASSES, size=num_examples).astype(np.int64),
         "tags": rng.randint(0, TAGS_VOCAB, size=(num_examples, TAGS_PER_EXAMPLE)).astype(
             np.int64),
+        # 'seq2seq': sentences of 1 to SENTENCE tokens (ids from 1), padded with 0
+        "tokens": np.where(np.arange(SENTENCE + 1) <= rng.randint(1, SENTENCE + 1,
+                                                                   size=(num_examples, 1)),
+                           rng.randint(1, VOCAB, size=(num_examples, SENTENCE + 1)), 0),
     }
 
 
@@ -129,7 +138,7 @@ def build(model, config, batch, shard, loss_scale=1.0):
             dataset = parallax.shard(dataset)
         inputs = tf.compat.v1.data.make_one_shot_iterator(dataset.batch(batch)).get_next()
         features = inputs["x"]
-        if model in ("sparse", "lstm", "two-tables"):
+        if model in ("sparse", "lstm", "two-tables", "seq2seq"):
             embedding = tf.compat.v1.get_variable(
                 "embedding", [VOCAB, EMBED], initializer=_initial([VOCAB, EMBED], 1))
             looked_up = tf.nn.embedding_lookup(embedding, inputs["ids"])
@@ -154,10 +163,11 @@ def build(model, config, batch, shard, loss_scale=1.0):
             looked_up = keras.layers.Embedding(
                 VOCAB, EMBED, embeddings_initializer=_keras_initial([VOCAB, EMBED], 1))(
                 inputs["ids"])
-        if model in ("sparse", "lstm", "partitioned", "keras-embedding", "two-tables"):
+        if model in ("sparse", "lstm", "partitioned", "keras-embedding", "two-tables",
+                     "seq2seq"):
             summary = _lstm(looked_up) if model == "lstm" else tf.reduce_mean(looked_up, axis=1)
         if model in ("sparse", "lstm", "partitioned", "keras-embedding", "two-tables",
-                     "lookup-sparse"):
+                     "lookup-sparse", "seq2seq"):
             features = tf.concat([features, summary], axis=1)
         if model == "two-tables":
             # A reference variable, as TF1 code without resource variables makes it: not
@@ -177,12 +187,20 @@ def build(model, config, batch, shard, loss_scale=1.0):
             # variable by name, and this way that is the sparse one.
             b1 = tf.compat.v1.get_variable(
                 "hidden_bias", [HIDDEN], initializer=tf.compat.v1.zeros_initializer())
+            classes = VOCAB if model == "seq2seq" else CLASSES
             w2 = tf.compat.v1.get_variable(
-                "w2", [HIDDEN, CLASSES], initializer=_initial([HIDDEN, CLASSES], 3))
-            logits = tf.matmul(tf.tanh(tf.matmul(features, w1) + b1), w2)
-        loss = tf.identity(loss_scale * tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=inputs["label"], logits=logits)),
-            name="loss")
+                "w2", [HIDDEN, classes], initializer=_initial([HIDDEN, classes], 3))
+            hidden = tf.tanh(tf.matmul(features, w1) + b1)
+            if model == "seq2seq":
+                per_batch = _token_normalized_loss(inputs["tokens"], embedding, hidden, w2,
+                                                   optimizer_name in LOSSES_API)
+            else:
+                per_batch = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=inputs["label"], logits=tf.matmul(hidden, w2)))
+        if model in ("keras", "keras-embedding"):
+            per_batch = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=inputs["label"], logits=logits))
+        loss = tf.identity(loss_scale * per_batch, name="loss")
         global_step = tf.compat.v1.train.get_or_create_global_step()
         optimizer = OPTIMIZERS[optimizer_name]()
         grads, variables = zip(*optimizer.compute_gradients(loss))
@@ -200,6 +218,23 @@ def build(model, config, batch, shard, loss_scale=1.0):
             train_op = tf.compat.v1.train.ExponentialMovingAverage(0.9).apply(
                 [v for v in tf.compat.v1.trainable_variables() if v.op.type == "VarHandleOp"])
     return graph, train_op, global_step
+
+
+def _token_normalized_loss(tokens, embedding, encoded, w2, losses_api):
+    """The cross entropy of each next token of the sentences, summed over the tokens that are
+    not padding and divided by their count, as sequence models' losses are."""
+    wd = tf.compat.v1.get_variable("decoder", [EMBED, HIDDEN],
+                                   initializer=_initial([EMBED, HIDDEN], 7))
+    decoded = tf.tanh(tf.einsum("bte,eh->bth", tf.nn.embedding_lookup(embedding, tokens[:, :-1]),
+                                wd) + encoded[:, None, :])
+    logits = tf.einsum("bth,hv->btv", decoded, w2)
+    targets = tokens[:, 1:]
+    mask = tf.cast(tf.not_equal(targets, 0), tf.float32)
+    if losses_api:
+        return tf.compat.v1.losses.sparse_softmax_cross_entropy(targets, logits, weights=mask)
+    cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets,
+                                                                   logits=logits)
+    return tf.reduce_sum(cross_entropy * mask) / tf.reduce_sum(mask)
 
 
 def _train(run, graph, train_op, global_step, fetch_gradients=False):
@@ -241,7 +276,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True,
                         choices=["dense", "sparse", "keras", "keras-embedding", "lstm",
-                                 "partitioned", "two-tables", "lookup-sparse"])
+                                 "partitioned", "two-tables", "lookup-sparse", "seq2seq"])
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
