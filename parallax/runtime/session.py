@@ -40,7 +40,7 @@ def _made_at(op: tf.Operation) -> str:
     """An initializer, named by the script's line that made it rather than by its name, which
     differs between workers where the chief's graph holds more ops of that name (init_3 on the
     chief, init_1 on the others)."""
-    for frame in reversed(op.traceback):
+    for frame in reversed(op.traceback or []):  # none in a graph imported
         if not os.path.abspath(frame.filename).startswith(_LIBRARIES):
             return f"the initializer made at {frame.filename}:{frame.lineno}"
     return op.name
@@ -283,6 +283,8 @@ class ParallaxRunner(tf_private.SessionInterface):
             return tf.IndexedSlices(*(self._aggregate(self._graphs.find(part, self._aggregated))
                                       for part in (element.values, element.indices,
                                                    element.dense_shape) if part is not None))
+        written = element  # the script's own op: the transformed graph's, imported, has no
+        # traceback to name its line by
         if isinstance(element, (tf.Tensor, tf.Operation)):
             element = self._graphs.find(element, self._aggregated)
         if isinstance(element, tf.Tensor):
@@ -290,7 +292,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         if isinstance(element, tf.Operation):
             parts = self._initializer_parts(element)
             if parts is not None and parts[0]:
-                return self._skip_initializers(element, *parts)
+                return self._skip_initializers(element, written, *parts)
             return self._cuts.get(element.name, element)
         return element
 
@@ -310,8 +312,9 @@ class ParallaxRunner(tf_private.SessionInterface):
                         [i for part in parts for i in part[1]])
         return None
 
-    def _skip_initializers(self, op: tf.Operation, skipped: List[tf.Operation],
-                           kept: List[tf.Operation]) -> tf.Operation:
+    def _skip_initializers(self, op: tf.Operation, written: tf.Operation,
+                           skipped: List[tf.Operation], kept: List[tf.Operation]
+                           ) -> tf.Operation:
         """Parallax initialized the global variables (the same on every worker, or from the
         latest checkpoint); running their initializers again would set one replica apart.
         Local variables' (a metric's, reset between evaluations) are the worker's own: run."""
@@ -320,7 +323,7 @@ class ParallaxRunner(tf_private.SessionInterface):
                 self._skipped_initializers[op.name] = tf.group(
                     *kept, name="parallax_skipped_initializer")
         log.warning("runner.run(%s) skipped%s: Parallax initializes the variables "
-                    "itself (and restores checkpoints); remove this call", _made_at(op),
+                    "itself (and restores checkpoints); remove this call", _made_at(written),
                     " but for the local variables" if kept else "")
         return self._skipped_initializers[op.name]
 

@@ -378,7 +378,9 @@ def max_norm():
     embedding = [v for v in tf.compat.v1.trainable_variables() if v.op.name.endswith("emb")][0]
     train_op = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss)
     with tf.control_dependencies([train_op]):
-        constrained = embedding.assign(tf.clip_by_norm(embedding, 1.0, axes=[1]))
+        # read_value(): a reference variable's own read (TF1 behaviour) is made with it, not
+        # ordered after the update, and may see the value before it, on one device too.
+        constrained = embedding.assign(tf.clip_by_norm(embedding.read_value(), 1.0, axes=[1]))
     with tf.control_dependencies([constrained]):
         loss_after = tf.identity(loss)  # each worker's own: fetched, not compared
 
