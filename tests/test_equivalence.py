@@ -126,12 +126,14 @@ def test_a_loss_normalized_by_its_tokens_is_divided_by_the_combined_batchs(job):
 
 @pytest.mark.parametrize("job", ["PS-lstm"], indirect=True)
 def test_workers_leave_horovod_after_the_first_broadcast_when_no_step_uses_it(job):
-    """Each configuration's runner joins Horovod to broadcast the LSTM's seed generator state,
-    then leaves it (idle, it costs CPU every cycle), and the next joins again: still every
-    variable as on one device (test_workers_equal_single_device)."""
+    """Each configuration's runner joins Horovod to broadcast the Keras LSTM's seed generator
+    state, then leaves it (idle, it costs CPU every cycle), and the next joins again: still
+    every variable as on one device (test_workers_equal_single_device). Under TF1 behaviour the
+    LSTM is a tf.scan of variables that all live on the servers: no Horovod at all."""
     _, _, out, _ = job
     output = (out / "output.txt").read_text()
-    assert output.count(LEFT_HOROVOD) == len(equivalence.CONFIGS), output[-3000:]
+    keras = [config for config in equivalence.CONFIGS if config not in equivalence.TF1_CONFIGS]
+    assert output.count(LEFT_HOROVOD) == len(keras), output[-3000:]
 
 
 @pytest.mark.parametrize("job", ["AUTO-two-tables"], indirect=True)
