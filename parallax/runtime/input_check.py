@@ -11,7 +11,7 @@ from typing import Collection, Dict, Iterable, List, Set
 import numpy as np
 import tensorflow as tf
 
-from parallax.planning.analysis import is_setting
+from parallax.planning.analysis import downstream_ops, is_setting
 
 SHARD_ID_NAME = "parallax_shard_id"  # parallax.num_shards_and_shard_id()'s id constant
 # The ops that give a step its examples: a tf.data iterator's next element, a queue's dequeue
@@ -55,20 +55,11 @@ def taken_rows(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
         SHARD_ID_NAME)]
     if not shard_ids:
         return []
-    by_id, by_input = (_downstream(start, runs) for start in (shard_ids, {t.op for t in inputs}))
+    by_id, by_input = (downstream_ops(start, inside=runs)
+                       for start in (shard_ids, {t.op for t in inputs}))
     both = by_id & by_input
     return sorted((t for op in both if not any(i.op in both for i in op.inputs)
                    for t in op.outputs), key=lambda t: t.name)
-
-
-def _downstream(start: Iterable[tf.Operation], within: Set[tf.Operation]) -> Set[tf.Operation]:
-    seen, stack = set(), list(start)
-    while stack:
-        op = stack.pop()
-        if op not in seen:
-            seen.add(op)
-            stack.extend(c for t in op.outputs for c in t.consumers() if c in within)
-    return seen
 
 
 def fed_data(feeds: Dict[tf.Tensor, object]) -> Dict[tf.Tensor, object]:
