@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -67,8 +67,13 @@ def _verify(script, arguments, resources, steps, atol, rtol, folder) -> int:
             return _not_compared(f.read())
     if code != 0 or not os.path.exists(os.path.join(folder, "one_device.npz")):
         return _not_compared(f"the one-device run failed (exit status {code})")
-    rows = compare(np.load(os.path.join(folder, "one_device.npz")),
-                   [np.load(os.path.join(w, "final.npz")) for w in workers], atol, rtol)
+    notes = os.path.join(folder, recording.NOTES)
+    if os.path.exists(notes):
+        with open(notes) as f:
+            for line in f:
+                say(line.rstrip("\n"))
+    rows = compare(recording.load(os.path.join(folder, "one_device.npz")),
+                   [recording.load(os.path.join(w, "final.npz")) for w in workers], atol, rtol)
     print(report(rows, script, resources, len(workers), steps, atol, rtol), flush=True)
     return FAILED if any(not row.passed for row in rows) else PASSED
 
@@ -105,13 +110,14 @@ class Row:
                                                               else float("inf"))
 
 
-def compare(one_device, workers: List, atol: float, rtol: float) -> List[Row]:
+def compare(one_device: Dict[str, np.ndarray], workers: List[Dict[str, np.ndarray]],
+            atol: float, rtol: float) -> List[Row]:
     """Per variable of one device's, the worst difference of any worker's, worst first."""
     rows = []
-    for name in one_device.files:
+    for name in one_device:
         row = Row(name)
         for index, values in enumerate(workers):
-            if name not in values.files:
+            if name not in values:
                 row.passed, row.note, row.absolute = False, f"not on worker {index}", np.inf
                 continue
             row.add(index, values[name], one_device[name], atol, rtol)

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, WORKLOADS
+import tensorflow as tf
+
 from parallax import verify
+from parallax.runtime import input_check, recording
 
 SCRIPT = os.path.join(WORKLOADS, "verified.py")
 TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0"
@@ -46,6 +49,28 @@ def test_a_sharded_script_with_dropout_passes_with_every_variable_listed(run_opt
 
 
 @pytest.mark.job
+def test_batches_padded_each_to_its_longest_sentence_of_strings_are_joined_as_one_device_pads():
+    """padded_batch pads each worker's batch to its own longest sentence: one device gets them
+    padded to the longest of all with the dataset's padding value (and the dropout drawn for
+    each token, 0 where it is padding), and says so; the words are tf.string; the loss is
+    divided by the batch's count of words."""
+    code, out, err = _verify(SCRIPT, "localhost", "30", "--padded", "--run-option", "HYBRID",
+                             "--resources", TWO_MACHINES, "--steps", "6")
+    assert code == 0, out + err[-3000:]
+    assert "loss divided by a sum over the batch: by the combined batch's" in out
+    assert ("the workers' 'IteratorGetNext:0' of step 1 padded to (24, 9) with b'<pad>', the "
+            "padding value of 'PaddedBatchDatasetV2', as one device pads the combined batch"
+            in err), err[-3000:]
+    assert "'IteratorGetNext:1' of step 1 padded to (24, 9) with 0, the padding value" in err
+    assert ("'dropout/random_uniform/RandomUniform:0' of step 1 padded to (24, 9, 16) with 0 "
+            "where they are padding" in err)
+    table = _table(out)
+    assert {"embedding", "hidden/kernel", "logits/kernel"} <= set(table)
+    assert all(result == "ok" and diff < 1e-5 for diff, result in table.values())
+    assert "PASS: all 12 variables of the 3 workers" in out
+
+
+@pytest.mark.job
 def test_a_change_that_breaks_the_promise_fails_worst_first():
     """Gradients summed over workers, not averaged: one device's mean is not what they apply."""
     code, out, err = _verify(SCRIPT, "localhost", "30", "--run-option", "AR",
@@ -66,6 +91,12 @@ def test_what_cannot_be_compared_is_said_and_is_neither_pass_nor_fail():
     assert code == 2 and "PASS" not in out and "FAIL" not in out
     assert ("NOT COMPARED: the step draws random numbers that are not one per example" in err
             and "LogUniformCandidateSampler" in err), err[-3000:]
+    code, out, err = _verify(SCRIPT, "localhost", "30", "--padded", "--heads", "--resources",
+                             "localhost:0,1", "--steps", "2")  # dropout over heads x batch
+    assert code == 2 and "PASS" not in out and "FAIL" not in out
+    assert ("NOT COMPARED: the step draws random numbers that are not one per example "
+            "('dropout/random_uniform/RandomUniform:0', shape (16, " in err
+            and "for a batch of 8" in err), err[-3000:]
 
 
 @pytest.mark.job
@@ -116,21 +147,51 @@ def test_each_variable_is_judged_by_its_worst_worker_and_listed_worst_first():
            "bias": np.array([0.5], np.float32)}
     workers = [{"w": np.array([1.0, -2.0]), "step": np.array(3), "bias": np.array([0.5])},
                {"w": np.array([1.0, -2.001]), "step": np.array(3), "bias": np.array([0.5])}]
-    rows = verify.compare(_npz(one), [_npz(w) for w in workers], atol=1e-5, rtol=1e-4)
+    rows = verify.compare(dict(one), [dict(w) for w in workers], atol=1e-5, rtol=1e-4)
     assert [r.name for r in rows] == ["w", "bias", "step"]
     worst = rows[0]
     assert (worst.passed, worst.worker) == (False, 1)
     assert worst.absolute == pytest.approx(1e-3, rel=1e-3)
     assert worst.relative == pytest.approx(5e-4, rel=1e-3)
-    shaped = verify.compare(_npz({"w": np.zeros(2)}), [_npz({"w": np.zeros(3)})], 1e-5, 1e-4)
+    shaped = verify.compare({"w": np.zeros(2)}, [{"w": np.zeros(3)}], 1e-5, 1e-4)
     assert not shaped[0].passed and "shape (3,) against (2,)" in shaped[0].note
     text = verify.report(rows, "train.py", "h:0,1", 2, 5, 1e-5, 1e-4)
     assert "FAIL: 1 of 3 variables not within 1e-05 + 0.0001 x |one device| (w)" in text
 
 
-class _npz(dict):
-    """What np.load of an .npz gives: its arrays by name, and their names as `files`."""
 
-    @property
-    def files(self):
-        return list(self)
+def test_the_padding_value_is_found_behind_the_iterator_and_nowhere_else():
+    def padded(dataset):
+        return dataset.padded_batch(2, padded_shapes=([None], []),
+                                    padding_values=(np.int32(-1), b"?"))
+
+    with tf.Graph().as_default():
+        words = tf.data.Dataset.from_tensor_slices(np.arange(12, dtype=np.int32).reshape(4, 3))
+        pairs = words.map(lambda w: (w, tf.strings.as_string(w[0])))
+        one_shot = tf.compat.v1.data.make_one_shot_iterator(
+            padded(pairs).prefetch(1).repeat()).get_next()
+        assert recording_found(one_shot[0]) == (-1, "PaddedBatchDatasetV2")
+        assert recording_found(one_shot[1]) == (b"?", "PaddedBatchDatasetV2")
+        initializable = tf.compat.v1.data.make_initializable_iterator(padded(pairs.shard(2, 0)))
+        assert recording_found(initializable.get_next()[0])[0] == -1
+        mapped = tf.compat.v1.data.make_one_shot_iterator(
+            padded(pairs).map(lambda w, s: (w + 1, s))).get_next()
+        assert recording_found(mapped[0]) == (None, None)  # the map could change the padding
+        assert recording_found(tf.compat.v1.placeholder(tf.int32)) == (None, None)
+
+
+def recording_found(tensor):
+    value, source = input_check.padding_value(tensor)
+    return (None if value is None else value.item()), source
+
+
+def test_strings_are_recorded_and_read_back_without_pickle(tmp_path):
+    strings = np.array([[b"", b"ab\x00"], [b"\x00", "é".encode()]], dtype=object)
+    path = str(tmp_path / "step1.npz")
+    recording._save(path, {"IteratorGetNext:0": strings, "ids": np.arange(3)})
+    with np.load(path) as stored:  # no object arrays: np.load's default refuses pickles
+        assert all(stored[name].dtype != object for name in stored.files)
+    loaded = recording.load(path)
+    assert set(loaded) == {"IteratorGetNext:0", "ids"}
+    assert loaded["IteratorGetNext:0"].tolist() == strings.tolist()
+    assert loaded["ids"].tolist() == [0, 1, 2]

@@ -116,3 +116,55 @@ def warning(names: List[str], workers: int) -> str:
             "graph; with feed_dict, feed each worker its own rows (runner.worker_id of "
             "runner.num_workers). Config(warn_unsharded_input=False) "
             "silences this for a job that means it")
+
+
+# Datasets whose elements are their input's elements, component for component: a padded_batch
+# before them is what pads an iterator's output.
+_SAME_COMPONENTS = frozenset({
+    "PrefetchDataset", "ShardDataset", "RepeatDataset", "TakeDataset", "SkipDataset",
+    "CacheDataset", "CacheDatasetV2", "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+    "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2", "OptionsDataset", "ModelDataset",
+    "OptimizeDataset", "OptimizeDatasetV2", "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "AssertCardinalityDataset", "FilterDataset"})
+_PADDED_BATCHES = frozenset({"PaddedBatchDataset", "PaddedBatchDatasetV2"})
+
+
+def padding_value(tensor: tf.Tensor):
+    """The value the tf.data `padded_batch` behind an iterator's output `tensor` pads with, and
+    that op's name; (None, None) where no padded_batch gives it, or where it cannot be told
+    (several datasets, a padding value computed at run time, a map after the batch)."""
+    if tensor.op.type not in ("IteratorGetNext", "IteratorGetNextSync"):
+        return None, None
+    definition = tensor.graph.as_graph_def()
+    scopes = [{node.name: node for node in definition.node}]
+    scopes += [{node.name: node for node in function.node_def}
+               for function in definition.library.function]
+    functions = {f.signature.name: (f, scope) for f, scope in
+                 zip(definition.library.function, scopes[1:])}
+    nodes = scopes[0]
+    iterator = nodes[_source(nodes[tensor.op.name].input[0])]
+    if iterator.op == "OneShotIterator":  # the dataset is made by a function
+        function, nodes = functions[iterator.attr["dataset_factory"].func.name]
+        datasets = [_source(value) for value in function.ret.values()]
+    else:
+        datasets = [_source(node.input[0]) for node in nodes.values()
+                    if node.op == "MakeIterator" and _source(node.input[1]) == iterator.name]
+    if len(datasets) != 1:
+        return None, None
+    node = nodes.get(datasets[0])
+    while node is not None and node.op in _SAME_COMPONENTS:
+        node = nodes.get(_source(node.input[0]))
+    if node is None or node.op not in _PADDED_BATCHES:
+        return None, None
+    value = nodes.get(_source(node.input[2 + node.attr["N"].i + tensor.value_index]))
+    while value is not None and value.op == "Identity":
+        value = nodes.get(_source(value.input[0]))
+    if value is None or value.op != "Const":
+        return None, None
+    return tf.make_ndarray(value.attr["value"].tensor), node.name
+
+
+def _source(name: str) -> str:
+    """The node an input of a NodeDef names ("node:0" in a graph, "node:handle:0" in a
+    function's body)."""
+    return name.lstrip("^").split(":")[0]

@@ -10,8 +10,9 @@ driven by the script's own loop. Its training steps start from the chief's value
 instead of their own input, the N workers' inputs of the same step joined along the batch axis:
 one device on the combined batch. After the Nth step it writes its variables and exits.
 
-Files in the folder: initial.npz, workerK/stepI.npz, workerK/final.npz, one_device.npz, and
-problem.txt when the one-device run cannot take the workers' steps (verify reports why).
+Files in the folder: initial.npz, workerK/stepI.npz, workerK/final.npz, one_device.npz,
+notes.txt when it padded the workers' inputs to join them, and problem.txt when the one-device
+run cannot take the workers' steps (verify reports why).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ UNCOMPARABLE_OP_TYPES = (STATEFUL_RANDOM_OP_TYPES - DRAW_OP_TYPES) | frozenset({
     "LearnedUnigramCandidateSampler", "ThreadUnsafeUnigramCandidateSampler",
     "AllCandidateSampler", "PyFunc", "PyFuncStateless", "EagerPyFunc"})
 ONE_DEVICE_EXIT = 3  # the one-device run stopped at a problem (problem.txt)
+NOTES = "notes.txt"  # what the one-device run did to join the workers' inputs, for the report
 
 
 def variables(graph: tf.Graph) -> List[tf.Variable]:
@@ -55,9 +57,35 @@ def variable_values(graph: tf.Graph, run) -> Dict[str, np.ndarray]:
 
 
 def _save(path: str, values: Dict[str, np.ndarray]) -> None:
+    """Writes `values` to an .npz; tf.string values (object arrays of bytes) as their bytes and
+    lengths, so that `load` needs no pickle."""
+    arrays = {}
+    for name, value in values.items():
+        value = np.asarray(value)
+        if value.dtype == object:
+            arrays[f"{name} lengths"] = np.array([len(b) for b in value.flat],
+                                                 np.int64).reshape(value.shape)
+            arrays[f"{name} bytes"] = np.frombuffer(b"".join(value.flat), np.uint8)
+        else:
+            arrays[name] = value
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    np.savez(path + ".tmp.npz", **values)
+    np.savez(path + ".tmp.npz", **arrays)
     os.replace(path + ".tmp.npz", path)
+
+
+def load(path: str) -> Dict[str, np.ndarray]:
+    """What `_save` wrote, by name."""
+    with np.load(path) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    values = {name: value for name, value in arrays.items() if " " not in name}
+    for key in arrays:
+        name, _, part = key.rpartition(" ")
+        if part == "lengths":
+            lengths, data = arrays[key], arrays[f"{name} bytes"].tobytes()
+            ends = np.cumsum(lengths.ravel())
+            values[name] = np.array([data[end - n:end] for n, end in zip(lengths.flat, ends)],
+                                    dtype=object).reshape(lengths.shape)
+    return values
 
 
 class Recorder:
@@ -124,6 +152,7 @@ class ReplayRunner(tf_private.SessionInterface):
         self._writes = {graph.get_operation_by_name(name) for name in analysis.training_writes}
         self._workers = worker_folders(run.folder)
         self._steps = 0
+        self._padded = set()  # the inputs padded to join them, named once in NOTES
         self._coordinator = tf.compat.v1.train.Coordinator()
         self._threads = []
         if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
@@ -159,10 +188,10 @@ class ReplayRunner(tf_private.SessionInterface):
         reached = input_check.reached(ops, fed)
         if self._steps < self.run_settings.steps and reached & self._writes:
             self._steps += 1
-            records = [np.load(os.path.join(folder, f"step{self._steps}.npz"))
+            records = [load(os.path.join(folder, f"step{self._steps}.npz"))
                        for folder in self._workers]
             if self._steps == 1:
-                self._start(reached, set(records[0].files))
+                self._start(reached, set(records[0]))
             combined = self._combined_inputs(records)
             feeds = {key: value for key, value in feeds.items()
                      if self.graph.as_graph_element(key) not in combined}
@@ -209,7 +238,7 @@ class ReplayRunner(tf_private.SessionInterface):
                    other[0][0] else "draws random numbers that are not one per example: "
                    "each worker draws its own set, one device one set for the combined batch")
             self._stop(f"the step {why} ({other[0][1]!r}, {other[0][0]})")
-        initial = np.load(os.path.join(self.run_settings.folder, "initial.npz"))
+        initial = load(os.path.join(self.run_settings.folder, "initial.npz"))
         found = variables(self.graph)  # each initializer, its initial value fed
         self.session.run([v.initializer for v in found], {
             v.initializer.inputs[1]: initial[v.op.name] for v in found})
@@ -217,14 +246,14 @@ class ReplayRunner(tf_private.SessionInterface):
     def _combined_inputs(self, steps) -> Dict[tf.Tensor, np.ndarray]:
         """The step's recorded inputs of every worker (`steps`, each worker's record), joined
         along the batch axis."""
-        if not steps[0].files:
+        if not steps[0]:
             self._stop("the step reads no input verify can record: it records a step's "
                        "input where it enters the graph (tf.data iterators, input queues, "
                        "feed_dict), and this one reads none of them")
         combined = {}
-        data = [name for name in steps[0].files
+        data = [name for name in steps[0]
                 if self.graph.get_tensor_by_name(name).op.type not in DRAW_OP_TYPES]
-        for name in steps[0].files:
+        for name in steps[0]:
             parts = [step[name] for step in steps]
             if name not in data and data and any(
                     np.ndim(part) == 0 or len(part) != len(step[data[0]])
@@ -233,12 +262,43 @@ class ReplayRunner(tf_private.SessionInterface):
                            f"({name!r}, shape {parts[0].shape}, for a batch of "
                            f"{len(steps[0][data[0]])}): each worker draws its own, one device "
                            "would draw others for the combined batch")
-            try:
-                combined[self.graph.get_tensor_by_name(name)] = np.concatenate(parts)
-            except ValueError:
-                self._stop(f"the workers' {name!r} of step {self._steps} cannot be joined "
-                           f"along the batch axis (shapes {[p.shape for p in parts]})")
+            tensor = self.graph.get_tensor_by_name(name)
+            combined[tensor] = self._joined(tensor, parts, drawn=name not in data)
         return combined
+
+    def _joined(self, tensor: tf.Tensor, parts: List[np.ndarray], drawn: bool) -> np.ndarray:
+        """The workers' `parts` of `tensor` along the batch axis. Batches padded each to its
+        longest example (tf.data's padded_batch) are padded to the longest of all with the
+        dataset's padding value, as one device pads the combined batch; draws for them with 0,
+        a value one device could draw for positions that are padding."""
+        shapes = {part.shape[1:] for part in parts}
+        if len(shapes) == 1:
+            return np.concatenate(parts)
+        if len({len(shape) for shape in shapes}) != 1:
+            self._stop(f"the workers' {tensor.name!r} of step {self._steps} cannot be joined "
+                       f"along the batch axis (shapes {[p.shape for p in parts]})")
+        longest = tuple(max(sizes) for sizes in zip(*shapes))
+        if drawn:
+            value, source = 0, "0 where they are padding, a value one device could draw"
+        else:
+            value, source = input_check.padding_value(tensor)
+            if source is None:
+                self._stop(f"the workers' {tensor.name!r} of step {self._steps} cannot be "
+                           f"joined along the batch axis (shapes {[p.shape for p in parts]}): "
+                           "they are not padded by a tf.data padded_batch that verify can find "
+                           "(one before the iterator, with a constant padding value)")
+            value = value.item()
+            source = (f"{value!r}, the padding value of {source!r}, as one device pads the "
+                      "combined batch")
+        joined = np.concatenate([np.pad(part, [(0, 0)] + [
+            (0, size - have) for size, have in zip(longest, part.shape[1:])],
+            constant_values=value) for part in parts])
+        if tensor.name not in self._padded:
+            self._padded.add(tensor.name)
+            with open(os.path.join(self.run_settings.folder, NOTES), "a") as out:
+                out.write(f"the workers' {tensor.name!r} of step {self._steps} padded to "
+                          f"{joined.shape} with {source}\n")
+        return joined
 
     def _stop(self, problem: str) -> None:
         with open(os.path.join(self.run_settings.folder, "problem.txt"), "w") as out:

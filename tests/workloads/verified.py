@@ -3,11 +3,15 @@ parallax.shard, an embedding (a parameter server in PS and HYBRID), a dense laye
 dropout, Adam, a fed learning rate, a global step.
 
     python verified.py RESOURCES STEPS [--run-option R] [--sum-gradients] [--sampled]
-                       [--verify-steps N]
+                       [--verify-steps N] [--padded]
 
 --sum-gradients: Config(average_dense=False), not what one device computes (verify fails);
 --sampled: a sampled softmax, whose candidates each worker draws for its whole batch (verify
-cannot compare); --verify-steps: Config(verify_steps=N).
+cannot compare); --verify-steps: Config(verify_steps=N); --padded: a tagger of sentences of
+words as strings, each worker's batch padded to its longest sentence by `padded_batch`, dropout
+over every token, a loss divided by the batch's count of words (not padding); --heads: with
+--padded, the dropout drawn for 2 heads x the batch, as multi-head attention often does it (not
+one draw per example: verify cannot compare).
 """
 import argparse
 
@@ -23,6 +27,8 @@ parser.add_argument("--run-option", default="HYBRID")
 parser.add_argument("--sum-gradients", action="store_true")
 parser.add_argument("--sampled", action="store_true")
 parser.add_argument("--verify-steps", type=int, default=0)
+parser.add_argument("--padded", action="store_true")
+parser.add_argument("--heads", action="store_true")
 args = parser.parse_args()
 
 tf.compat.v1.disable_eager_execution()
@@ -31,9 +37,36 @@ rng = np.random.RandomState(0)
 ids = rng.randint(0, VOCABULARY, size=(256, 3)).astype(np.int64)
 labels = (ids.sum(axis=1) % CLASSES).astype(np.int64)
 
-graph = tf.Graph()
-with graph.as_default():
-    tf.compat.v1.set_random_seed(1)
+
+def padded_tagger():
+    """Words as strings in sentences of 2 to 9, a tag for each word: the loss."""
+    lengths = rng.randint(2, 10, size=256)
+    words = np.array([[f"w{rng.randint(VOCABULARY)}" if i < n else "" for i in range(9)]
+                      for n in lengths])
+    tags = rng.randint(0, CLASSES, size=words.shape)
+    dataset = parallax.shard(tf.data.Dataset.from_tensor_slices((words, lengths, tags)))
+    dataset = dataset.map(lambda w, n, t: (w[:n], t[:n])).repeat()
+    sentences, tag = tf.compat.v1.data.make_one_shot_iterator(
+        dataset.padded_batch(BATCH, padded_shapes=([None], [None]),
+                             padding_values=(b"<pad>", np.int64(0)))).get_next()
+    mask = tf.cast(tf.not_equal(sentences, "<pad>"), tf.float32)
+    embedding = tf.compat.v1.get_variable("embedding", [VOCABULARY, 16])
+    embedded = tf.nn.embedding_lookup(
+        embedding, tf.strings.to_hash_bucket_fast(sentences, VOCABULARY))
+    if args.heads:
+        heads = tf.nn.dropout(tf.concat(tf.split(embedded, 2, axis=2), axis=0), rate=0.3)
+        embedded = tf.concat(tf.split(heads, 2, axis=0), axis=2)
+    else:
+        embedded = tf.nn.dropout(embedded, rate=0.3)
+    hidden = tf.nn.relu(tf.tensordot(
+        embedded, tf.compat.v1.get_variable("hidden/kernel", [16, 32]), 1))
+    logits = tf.tensordot(hidden, tf.compat.v1.get_variable("logits/kernel", [32, CLASSES]), 1)
+    cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tag, logits=logits)
+    return tf.reduce_sum(cross_entropy * mask) / tf.reduce_sum(mask)
+
+
+def bag_of_words():
+    """Three word ids an example, their embeddings' mean, a hidden layer with dropout: loss."""
     dataset = parallax.shard(tf.data.Dataset.from_tensor_slices((ids, labels)))
     words, label = tf.compat.v1.data.make_one_shot_iterator(
         dataset.shuffle(64, seed=3).repeat().batch(BATCH)).get_next()
@@ -46,13 +79,18 @@ with graph.as_default():
     if args.sampled:
         weights = tf.compat.v1.get_variable("softmax_w", [CLASSES, 32])
         biases = tf.compat.v1.get_variable("softmax_b", [CLASSES])
-        loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+        return tf.reduce_mean(tf.nn.sampled_softmax_loss(
             weights, biases, tf.reshape(label, [-1, 1]), hidden, num_sampled=2,
             num_classes=CLASSES))
-    else:
-        logits = tf.matmul(hidden, tf.compat.v1.get_variable("logits/kernel", [32, CLASSES]))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=label, logits=logits))
+    logits = tf.matmul(hidden, tf.compat.v1.get_variable("logits/kernel", [32, CLASSES]))
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=label, logits=logits))
+
+
+graph = tf.Graph()
+with graph.as_default():
+    tf.compat.v1.set_random_seed(1)
+    loss = padded_tagger() if args.padded else bag_of_words()
     rate = tf.compat.v1.placeholder(tf.float32, [], name="rate")
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train = tf.compat.v1.train.AdamOptimizer(rate).minimize(loss, global_step=global_step)
