@@ -595,7 +595,8 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
         time.sleep(0.2)
     assert settings, "".join(output)[-3000:]
     key, address = bytes.fromhex(settings["key"]), settings["address"]
-    figures = _fuzz(address, key, settings["job"], settings["name"])
+    figures = _fuzz(address, key, settings["job"], settings["name"],
+                    alive=lambda: driver.poll() is None)
     driver.wait(timeout=300)
     reader.join(timeout=10)
     text = "".join(output)
@@ -608,8 +609,8 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
                                                "Traceback"))
 
 
-def _fuzz(address, key, job, name, seconds=15.0):
-    """Bad clients for `seconds`; what was sent, counted."""
+def _fuzz(address, key, job, name, alive, seconds=15.0):
+    """Bad clients for `seconds`, while `alive()`; what was sent, counted."""
     rng = random.Random(0)
     figures = collections.Counter()
     host, port = address.rsplit(":", 1)
@@ -617,14 +618,20 @@ def _fuzz(address, key, job, name, seconds=15.0):
     deadline = time.monotonic() + seconds
     with _half_open_calls(address) as held:
         figures["half-open calls held"] = len(held)
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and alive():
             kind = rng.choice(["bytes", "oversized", "tcp", "schema", "replay"])
             if kind == "bytes":
                 data = rng.randbytes(rng.randrange(0, 4096))
             elif kind == "oversized":
                 data = rng.randbytes(MAX_MESSAGE_BYTES + rng.randrange(1, 10 ** 6))
             elif kind == "tcp":
-                with socket.create_connection((host, int(port)), timeout=2) as raw:
+                try:
+                    raw = socket.create_connection((host, int(port)), timeout=2)
+                except ConnectionRefusedError:
+                    if alive():
+                        raise
+                    break  # the job ended: its driver says why
+                with raw:
                     raw.sendall(rng.randbytes(rng.randrange(1, 4096)))
                 figures["raw TCP connections of random bytes"] += 1
                 continue
