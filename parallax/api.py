@@ -13,6 +13,17 @@ from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
 from parallax.runtime import monitored, recording
 from runner import slurm
+from runner.control import start_heartbeat
+
+_worker_process: Optional[worker.WorkerProcess] = None  # this process's, once it is a worker
+
+
+def _process() -> worker.WorkerProcess:
+    """The state of this worker process that outlives a get_runner call (worker.py)."""
+    global _worker_process  # pylint: disable=global-statement
+    if _worker_process is None:
+        _worker_process = worker.WorkerProcess(start_heartbeat())
+    return _worker_process
 
 
 def shard(dataset):
@@ -71,7 +82,7 @@ def get_runner(graph: tf.Graph, resources: Optional[str] = None,
         if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
             return recording.ReplayRunner(graph, analysis, verify_run)
         driver.run(graph, analysis, resources, config)
-    return worker.start(graph, analysis, config)
+    return worker.start(_process(), graph, analysis, config)
 
 
 def _default_resources(resources: Optional[str]) -> str:
@@ -130,7 +141,9 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
         if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
             return monitored.monitored_session(
                 recording.ReplayRunner(graph, analysis, verify_run), **arguments)
-        driver.run(graph, analysis, resources, config, needs_horovod=True)
-    runner = worker.start(graph, analysis, config, needs_horovod=True)
-    return monitored.monitored_session(runner, any_worker_stops=monitored.horovod_any(),
-                                       chief_says=monitored.horovod_chief_says(), **arguments)
+        driver.run(graph, analysis, resources, config, needs_collectives=True)
+    process = _process()
+    runner = worker.start(process, graph, analysis, config, needs_collectives=True)
+    return monitored.monitored_session(
+        runner, any_worker_stops=process.collectives.any_worker("parallax_stop_together"),
+        chief_says=monitored.chief_text(process.collectives), **arguments)

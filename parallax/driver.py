@@ -23,14 +23,14 @@ from parallax.rewriting.split_variables import copy_and_split
 
 
 def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config,
-        needs_horovod: bool = False) -> NoReturn:
-    """`needs_horovod`: the workers join Horovod whatever the plan (a monitored session agrees
-    on stopping through it)."""
+        needs_collectives: bool = False) -> NoReturn:
+    """`needs_collectives`: the workers join the collectives whatever the plan (a monitored
+    session agrees on stopping through them)."""
     plans = make_job_plans(graph, analysis, resources, config)
     for warning in warnings(plans[0], analysis):
         launch.say(f"warning: {warning}")
     launch.run_driver(resources, config, bool(plans[0].cluster.servers),
-                      needs_horovod or any(plan.uses_horovod for plan in plans),
+                      needs_collectives or any(plan.uses_collectives for plan in plans),
                       contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))

@@ -77,7 +77,7 @@ def _remote_shell(resources: str, config: Config) -> Shell:
         raise ParallaxError(str(error)) from None
 
 
-def run_driver(resources: str, config: Config, with_servers: bool, with_horovod: bool,
+def run_driver(resources: str, config: Config, with_servers: bool, with_collectives: bool,
                job_env: Dict[str, str]) -> NoReturn:
     """Run the job (again, up to config.max_restarts times, when it fails) and exit with its
     status. `job_env` (the plan) goes to every process of the job."""
@@ -93,7 +93,8 @@ def run_driver(resources: str, config: Config, with_servers: bool, with_horovod:
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(config.max_restarts + 1):
         try:
-            _run_job(hosts, address, config, shell, with_servers, with_horovod, attempt, job_env)
+            _run_job(hosts, address, config, shell, with_servers, with_collectives, attempt,
+                     job_env)
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == config.max_restarts:
@@ -129,7 +130,7 @@ def _exit(code: int) -> NoReturn:
 
 
 def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
-             with_horovod: bool, attempt: int, job_env: Dict[str, str]) -> None:
+             with_collectives: bool, attempt: int, job_env: Dict[str, str]) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
@@ -146,7 +147,7 @@ def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
         os.makedirs(config.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
         rendezvous = None
-        if with_horovod:
+        if with_collectives:
             per_host: Dict[str, int] = {}
             for _, host, _ in slots:
                 per_host[host.name] = per_host.get(host.name, 0) + 1

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from parallax import contracts
 from parallax.cluster import Cluster
+from parallax.collectives import create as create_collectives
 from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.partitioner import check_counts
@@ -30,15 +31,35 @@ from parallax.runtime.checkpoint import Checkpointer
 from parallax.runtime.grpc_server import start_server
 from parallax.runtime.profile import Profiler
 from parallax.runtime.session import ParallaxRunner
-from runner.control import start_heartbeat
 from runner.output import PAST_STARTUP
 
 log = logging.getLogger("parallax")
-_run_indices = itertools.count()  # this process's get_runner calls: each gets fresh state
-# Whether a runner this process returned runs Horovod in its steps, or agrees through it (a
-# MonitoredTrainingSession): then no later get_runner call may leave Horovod.
-_horovod_in_use = False
-LEFT_HOROVOD = "Horovod left: no step of the plan uses it"
+LEFT_COLLECTIVES = "Horovod left: no step of the plan uses it"
+
+
+class WorkerProcess:
+    """What a worker process keeps across the script's get_runner calls: its heartbeat, its
+    cluster, the index of its next run (each call's runners get fresh state on the servers),
+    and its collectives: joined while a runner's steps or agreements need them, left otherwise
+    (idle, Horovod's background thread still coordinates the workers every cycle, CPU the steps
+    lose where the cores are shared)."""
+
+    def __init__(self, heartbeat):
+        self.heartbeat = heartbeat  # None unless a driver started this process
+        self.cluster = contracts.read_cluster()
+        self.collectives = create_collectives(self.cluster)
+        self.run_indices = itertools.count()
+        # Whether a runner this process returned runs collectives in its steps, or agrees
+        # through them (a MonitoredTrainingSession): then no later get_runner may leave them.
+        self.collectives_in_use = False
+
+    def leave_if_unused(self) -> bool:
+        """Leave the collectives unless a runner of the process uses them; whether it left.
+        Every worker calls it at the same point."""
+        if self.collectives_in_use:
+            return False
+        self.collectives.leave()
+        return True
 
 
 def count_and_id() -> Tuple[int, int]:
@@ -51,7 +72,7 @@ def count_and_id() -> Tuple[int, int]:
 
 
 def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
-                  cluster: Cluster) -> List[Tuple[tf.Graph, GraphAnalysis, Plan]]:
+                  process: WorkerProcess) -> List[Tuple[tf.Graph, GraphAnalysis, Plan]]:
     """The copies of the user's graph to rewrite, their analyses, and the plan for each: the
     driver's, bound to this worker, then those AUTO times against it (runtime/trials.py), each
     with its own copy and its own state on the servers (run_index). A graph the driver never
@@ -63,7 +84,8 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     if decision is not None:
         check_counts(user_graph, decision.partitions)
     splits = decision.splits if decision is not None else []
-    run_index = next(_run_indices)
+    cluster = process.cluster
+    run_index = next(process.run_indices)
     if run_index:
         graph, planned = copy_and_split(user_graph, analysis, splits, planned=False)
         return [(graph, planned, make_plan(planned, config, cluster, run_index=run_index,
@@ -72,7 +94,7 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     for index, text in enumerate(texts):
         graph, planned = copy_and_split(user_graph, analysis, splits)
         plan = Plan.from_text(text)
-        index = index and next(_run_indices)  # the first plan has this call's run index
+        index = index and next(process.run_indices)  # the first plan has this call's index
         if plan.replan_in_workers:
             plan = make_plan(planned, config, cluster, run_index=index, decision=plan.decision)
         else:
@@ -81,9 +103,11 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     return plans
 
 
-def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
-          needs_horovod: bool = False) -> ParallaxRunner:
-    heartbeat = start_heartbeat()  # None unless a driver started this process
+def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
+          config: Config, needs_collectives: bool = False) -> ParallaxRunner:
+    """The runner of this get_runner call; `needs_collectives`: the script's agreements use
+    them whatever the plan (a monitored session agrees on stopping through them)."""
+    heartbeat, cluster = process.heartbeat, process.cluster
     if heartbeat is not None:
         _past_startup()
     if not log.handlers and not logging.getLogger().handlers:
@@ -93,8 +117,7 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         handler.setFormatter(logging.Formatter("parallax: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    cluster = contracts.read_cluster()
-    plans = _worker_plans(user_graph, analysis, config, cluster)
+    plans = _worker_plans(user_graph, analysis, config, process)
     on_servers = [p.variable.name for p in plans[0][2].with_sync(Sync.PS)]
     if on_servers and not cluster.has_servers:
         raise ParallaxError(
@@ -102,16 +125,14 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
             "the driver launched it for the graph of the script's first get_runner, which "
             "needed none. Give every graph of a script the same kinds of variables (sparse "
             "ones too), or use run_option='PS', which always starts servers")
-    joins_horovod = needs_horovod or len(plans) > 1 or any(plan.uses_horovod
-                                                           for _, _, plan in plans)
-    if joins_horovod:
-        # only jobs with replicas join Horovod, or that time plans (runtime/trials.py), or
-        # whose workers agree on stopping (runtime/monitored.py)
-        from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
-
-        join_horovod = functools.partial(machine_allreduce.init_horovod, cluster, any(
-            plan.hierarchical_allreduce for _, _, plan in plans))
-        join_horovod()
+    joins = needs_collectives or len(plans) > 1 or any(plan.uses_collectives
+                                                       for _, _, plan in plans)
+    # only jobs with replicas join, or that time plans (runtime/trials.py), or whose workers
+    # agree on stopping (runtime/monitored.py)
+    join = functools.partial(process.collectives.join,
+                             any(plan.hierarchical_allreduce for _, _, plan in plans))
+    if joins:
+        join()
     if config.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, config.export_graph_path, "single_device")
     # AUTO's trials time the alternatives first and the cost model's choice last: where it
@@ -120,16 +141,26 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     verify_run = contracts.read_verify_run()
     recorder = (recording.Recorder(verify_run, cluster.worker_id)
                 if verify_run is not None else None)  # one for all the plans AUTO times
-    runners = [_runner(user_graph, *plans[0], config, cluster, heartbeat, recorder, first=True)]
+    runners = [_runner(user_graph, *plans[0], config, process, recorder, first=True)]
     started = time.perf_counter()
-    runners += [_runner(user_graph, *plan, config, cluster, heartbeat, recorder, first=False)
+    runners += [_runner(user_graph, *plan, config, process, recorder, first=False)
                 for plan in plans[1:]]
     build_seconds = time.perf_counter() - started
     if cluster.is_chief:
         log.info("%s", runners[-1].describe())
+
+    def leave_unless_used(plan: Plan) -> None:
+        """Leave the collectives once the runner of `plan` is ready, if neither its steps nor
+        another runner of the process use them (joined for AUTO's trials, or for the replicas'
+        first broadcast only). AUTO's trials also leave them for a plan whose steps use none
+        (trials.Quiet)."""
+        process.collectives_in_use |= needs_collectives or plan.steps_use_collectives
+        if process.leave_if_unused() and cluster.is_chief:
+            log.info("%s", LEFT_COLLECTIVES)
+
     if len(runners) == 1:
-        if joins_horovod:
-            _leave_horovod_unless_used(plans[0][2], needs_horovod, cluster.is_chief)
+        if joins:
+            leave_unless_used(plans[0][2])
         _announce_exit(heartbeat)
         return runners[0]
     _announce_exit(heartbeat)
@@ -140,40 +171,17 @@ def start(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         if candidate.runner is not runners[0]:
             candidate.runner.take_checkpointer(Checkpointer(
                 candidate.runner.transformed_graph, config.ckpt_config, cluster.is_chief))
-        _leave_horovod_unless_used(plans[runners.index(candidate.runner)][2], needs_horovod,
-                                   cluster.is_chief)
+        leave_unless_used(plans[runners.index(candidate.runner)][2])
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
 
     quiet = None
-    if not needs_horovod:
-        quiet = trials.Quiet([not plan.steps_use_horovod for _, _, plan in plans],
-                             _leave_horovod_if_unused, join_horovod)
-    return trials.TrialRunner(candidates, config.trial_steps, trials.agreement(), kept,
+    if not needs_collectives:
+        quiet = trials.Quiet([not plan.steps_use_collectives for _, _, plan in plans],
+                             process.leave_if_unused, join)
+    return trials.TrialRunner(candidates, config.trial_steps,
+                              process.collectives.chief_vector("parallax_trials"), kept,
                               build_seconds, quiet, retime_within=config.trial_retime_within)
-
-
-def _leave_horovod_if_unused() -> bool:
-    """Leave Horovod unless a runner of the process uses it (for its steps, or a script that
-    needs it); whether it left. Every worker calls it at the same point."""
-    if _horovod_in_use:
-        return False
-    from parallax.rewriting import machine_allreduce  # pylint: disable=import-outside-toplevel
-
-    machine_allreduce.leave_horovod()
-    return True
-
-
-def _leave_horovod_unless_used(plan: Plan, needs_horovod: bool, is_chief: bool) -> None:
-    """Leave Horovod once the runner of `plan` is ready, if neither its steps nor another
-    runner of the process use it (joined for AUTO's trials, or for the replicas' first
-    broadcast only): idle, its background thread still coordinates the workers every cycle,
-    CPU the steps lose where the cores are shared (machine_allreduce.leave_horovod). AUTO's
-    trials also leave it for a plan whose steps use none (trials.Quiet)."""
-    global _horovod_in_use  # pylint: disable=global-statement
-    _horovod_in_use = _horovod_in_use or needs_horovod or plan.steps_use_horovod
-    if _leave_horovod_if_unused() and is_chief:
-        log.info("%s", LEFT_HOROVOD)
 
 
 def _announce_exit(heartbeat) -> None:
@@ -182,12 +190,12 @@ def _announce_exit(heartbeat) -> None:
 
 
 def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan: Plan,
-            config: Config, cluster: Cluster, heartbeat, recorder, first: bool
-            ) -> ParallaxRunner:
+            config: Config, process: WorkerProcess, recorder, first: bool) -> ParallaxRunner:
     """The runner of one plan: its copy rewritten, a session of it, its variables initialized
     (the chief restores the latest checkpoint for the `first` plan: AUTO's trials carry the
     state on to the others)."""
-    graph = transform(graph, plan)
+    cluster, heartbeat = process.cluster, process.heartbeat
+    graph = transform(graph, plan, process.collectives)
     if config.export_graph_path and first:
         _export_graph(graph, config.export_graph_path, f"worker{cluster.worker_id}")
     sess_config = tf.compat.v1.ConfigProto()

@@ -78,7 +78,7 @@ def test_the_plan_says_what_it_sums_and_the_driver_what_it_cannot_tell():
     graph = _graph()
     analysis = analyze(graph)
     plan = make_plan(analysis, parallax.Config(run_option="AR"), Cluster([0, 0, 1, 1]))
-    assert plan.summed_writes == analysis.summed_writes and plan.uses_horovod
+    assert plan.summed_writes == analysis.summed_writes and plan.uses_collectives
     said = describe(plan)
     assert ("counts of the batch, summed over workers as one device counts the combined "
             "batch: summed_accuracy/AssignAddVariableOp") in said

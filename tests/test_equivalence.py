@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import WORKLOADS, load_workload, run_job
-from parallax.worker import LEFT_HOROVOD
+from parallax.worker import LEFT_COLLECTIVES
 
 pytestmark = pytest.mark.job
 
@@ -133,7 +133,7 @@ def test_workers_leave_horovod_after_the_first_broadcast_when_no_step_uses_it(jo
     _, _, out, _ = job
     output = (out / "output.txt").read_text()
     keras = [config for config in equivalence.CONFIGS if config not in equivalence.TF1_CONFIGS]
-    assert output.count(LEFT_HOROVOD) == len(keras), output[-3000:]
+    assert output.count(LEFT_COLLECTIVES) == len(keras), output[-3000:]
 
 
 @pytest.mark.parametrize("job", ["AUTO-two-tables"], indirect=True)

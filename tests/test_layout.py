@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = [
     ("base", ["parallax.errors", "parallax.config", "parallax.cluster", "parallax.contracts",
               "parallax.tf_private", "parallax.graph_copy"]),
+    ("collectives", ["parallax.collectives"]),
     ("capture", ["parallax.capture", "parallax.partitioner"]),
     ("planning", ["parallax.planning"]),
     ("rewriting", ["parallax.rewriting"]),
@@ -93,6 +94,22 @@ def test_planning_never_imports_rewriting_or_runtime():
         if module.startswith("parallax.planning"):
             assert not [t for t in targets if t.startswith(("parallax.rewriting",
                                                             "parallax.runtime"))], module
+
+
+# Horovod's graph ops and membership (the Collectives seam), and its rendezvous server, which the
+# launcher starts for a job's workers.
+HOROVOD_IMPORTERS = {"parallax/collectives/horovod.py", "runner/rendezvous.py"}
+
+
+def test_horovod_is_imported_only_behind_the_collectives_seam():
+    importers = set()
+    for path in sorted(ROOT.glob("parallax/**/*.py")) + sorted(ROOT.glob("runner/**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name.split(".")[0] == "horovod" for name in names):
+                importers.add(str(path.relative_to(ROOT)))
+    assert importers == HOROVOD_IMPORTERS
 
 
 @pytest.mark.job

@@ -340,7 +340,7 @@ def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only
     graph, _, _ = equivalence.build("lstm", "adam", 4, shard=False)
     plan = make_plan(analyze(graph), parallax.Config(run_option=run_option),
                      Cluster(worker_id=1, **CLUSTER))
-    assert plan.uses_horovod and plan.steps_use_horovod is in_steps
+    assert plan.uses_collectives and plan.steps_use_collectives is in_steps
     graph = transform(graph, plan)
     broadcasts = contracts.read_broadcasts(graph)
     first_broadcast = upstream_ops(broadcasts) | set(broadcasts)

@@ -76,7 +76,7 @@ class Plan:
     extra_state_servers: Dict[str, int]  # extra state living on a server: its server
     server_writes: List[str]  # ops updating server-resident state: once per step, by the chief
     ps_config: PSConfig  # which optimizations of the parameter-server path are on
-    uses_horovod: bool  # replicas exist: dense gradients, or state to average or broadcast
+    uses_collectives: bool  # replicas exist: dense gradients, or state to average or broadcast
     # With Config.sync_batch_norm: the (mean, variance) ops of the batch moments to combine,
     # and the fused batch norms in training mode.
     batch_moments: List[Tuple[str, str]]
@@ -106,10 +106,10 @@ class Plan:
         return bool(self.batch_moments or self.fused_batch_norms)
 
     @property
-    def steps_use_horovod(self) -> bool:
-        """Whether the training steps themselves run Horovod's collectives (a replica's
-        gradient, per-worker state to combine, batch statistics); a plan that uses Horovod
-        without them needs it only for its replicas' first broadcast."""
+    def steps_use_collectives(self) -> bool:
+        """Whether the training steps themselves run collectives (a replica's gradient,
+        per-worker state to combine, batch statistics); a plan that uses collectives without
+        them needs them only for its replicas' first broadcast."""
         return bool(self.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER) or self.averaged_writes
                     or self.summed_writes or self.sync_batch_norm or self.loss_denominators)
 
@@ -191,7 +191,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
     extra_state_servers, server_writes = _check(analysis, config, run_option, variables)
     sync = config.sync_batch_norm is not False  # None: wherever batch statistics are found
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                config.ps_config, uses_horovod(run_option, analysis, sync),
+                config.ps_config, uses_collectives(run_option, analysis, sync),
                 analysis.batch_moments if sync else [],
                 analysis.fused_batch_norms if sync else [],
                 [] if sync else batch_norms(analysis),
@@ -396,10 +396,10 @@ def batch_norms(analysis: GraphAnalysis) -> List[str]:
     return [mean for mean, _ in analysis.batch_moments] + list(analysis.fused_batch_norms)
 
 
-def uses_horovod(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool) -> bool:
-    """Whether the job's workers join Horovod: for dense gradients, batch statistics to combine,
-    and in PS mode for the variables that stay replicated (per-worker state to average,
-    replicas to broadcast)."""
+def uses_collectives(run_option: str, analysis: GraphAnalysis, sync_batch_norm: bool) -> bool:
+    """Whether the job's workers join the collectives: for dense gradients, batch statistics to
+    combine, and in PS mode for the variables that stay replicated (per-worker state to
+    average, replicas to broadcast)."""
     if run_option != "PS" or (sync_batch_norm and (analysis.batch_moments
                                                    or analysis.fused_batch_norms)):
         return True

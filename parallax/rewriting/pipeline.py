@@ -4,10 +4,12 @@ handling the variables the plan gives its kind of synchronization. Before it run
 their order against what each declares it needs and produces (passes/__init__.py)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from parallax.collectives import Collectives
+from parallax.collectives import create as create_collectives
 from parallax.errors import ParallaxError
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import Pass
@@ -49,11 +51,19 @@ _ASYNC_PIPELINES = {
 }
 
 
-def transform(graph: tf.Graph, plan: Plan) -> tf.Graph:
+def transform(graph: tf.Graph, plan: Plan, collectives: Optional[Collectives] = None
+              ) -> tf.Graph:
+    """`graph` rewritten for `plan`, its collective ops built by `collectives` (the worker's;
+    a new, unjoined one of the plan's cluster where none is given)."""
     passes = (_ASYNC_PIPELINES if plan.asynchronous else _PIPELINES)[plan.run_option]
     check_order(passes)
     for graph_pass in passes:
-        if graph_pass.declaration.runs_if(plan):
+        if not graph_pass.declaration.runs_if(plan):
+            continue
+        if graph_pass.declaration.collective:
+            collectives = collectives or create_collectives(plan.cluster)
+            graph = graph_pass(graph, plan, collectives)
+        else:
             graph = graph_pass(graph, plan)
     return graph
 

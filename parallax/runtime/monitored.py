@@ -19,8 +19,8 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from parallax.collectives import Collectives
 from parallax.errors import ParallaxError
-from parallax.runtime.trials import agreement
 
 USE_DEFAULT = object()  # as TensorFlow's: the argument was not given
 ARGUMENTS = {"checkpoint_dir", "scaffold", "hooks", "chief_only_hooks", "save_checkpoint_secs",
@@ -125,24 +125,12 @@ class StopTogetherHook(tf.compat.v1.train.SessionRunHook):
             run_context.request_stop()
 
 
-def horovod_any() -> Callable[[bool], bool]:
-    """Whether any worker passed True (a Horovod allreduce in a small graph of its own)."""
-    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-
-    graph = tf.Graph()
-    with graph.as_default():
-        wish = tf.compat.v1.placeholder(tf.int32, [])
-        wishes = hvd.allreduce(wish, op=hvd.Sum, name="parallax_stop_together")
-    session = tf.compat.v1.Session(graph=graph)
-    return lambda stop: bool(session.run(wishes, {wish: np.int32(stop)}))
+TEXT_BYTES = 4096  # a path the chief broadcasts: a broadcast takes one length on all
 
 
-TEXT_BYTES = 4096  # a path the chief broadcasts: Horovod's broadcast takes one length on all
-
-
-def horovod_chief_says() -> Callable[[str], str]:
-    """The chief's text on every worker (trials.agreement: Horovod's broadcast from rank 0)."""
-    broadcast = agreement("parallax_chief_says")
+def chief_text(collectives: Collectives) -> Callable[[str], str]:
+    """The chief's text on every worker (the collectives' broadcast from the chief)."""
+    broadcast = collectives.chief_vector("parallax_chief_says")
 
     def says(mine: str) -> str:
         encoded = mine.encode()

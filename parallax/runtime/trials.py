@@ -41,7 +41,7 @@ class Quiet:
     Gbit, 122-127 ms a step against 114-115), and AUTO kept a slower plan."""
     idle: List[bool]  # per candidate: its steps use no collective
     leave: Callable[[], bool]  # whether it left (not where another runner uses Horovod)
-    join: Callable[[], None]  # the switches and the agreement need Horovod
+    join: Callable[[], None]  # the switches and the agreement need the collectives
 
 
 @dataclasses.dataclass
@@ -266,20 +266,6 @@ def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> N
                             f"cannot be carried to the next plan ({error_reason(error.message)}"
                             "); use Config(trial_steps=0)") from None
     new.session.run(restore)
-
-
-def agreement(name: str = "parallax_trials") -> Callable[[np.ndarray], np.ndarray]:
-    """The chief's vector on every worker, which waits for all of them (Horovod's
-    broadcast from rank 0, named `name`, in a small graph of its own); every worker passes a
-    vector of the same length."""
-    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-
-    graph = tf.Graph()
-    with graph.as_default():
-        vector = tf.compat.v1.placeholder(tf.float64, [None])
-        agreed = hvd.broadcast(vector, root_rank=0, name=name)
-    session = tf.compat.v1.Session(graph=graph)
-    return lambda values: session.run(agreed, {vector: values})
 
 
 def describe_kept(runner: TrialRunner, kept: Candidate) -> str:

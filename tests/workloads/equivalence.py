@@ -335,9 +335,9 @@ def main():
                      global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
             runner.close()
         if args.rejoin_horovod and index == 1:
-            from parallax.rewriting import machine_allreduce  # pylint: disable=C0415
+            from parallax import api  # pylint: disable=C0415
 
-            machine_allreduce.leave_horovod()
+            api._process().collectives.leave()  # noqa: SLF001
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""AllReduce pass: replicas stay identical by aggregating every gradient with Horovod.
+"""AllReduce pass: replicas stay identical by aggregating every gradient over the workers.
 
 Aggregation is inserted right after autodiff, so whatever the user does with a gradient
 (clipping, scaling, the optimizer's update) sees the aggregate, as on a single device.
 """
 from __future__ import annotations
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from parallax import contracts
+from parallax.collectives import Collectives
 from parallax.rewriting import machine_allreduce, row_sums
 from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_unique_per_batch
@@ -16,47 +16,49 @@ from parallax.planning.plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass
 
 
-@graph_pass(produces=["aggregated by allreduce"])
-def allreduce_gradients(graph: tf.Graph, plan: Plan) -> tf.Graph:
+@graph_pass(produces=["aggregated by allreduce"], collective=True)
+def allreduce_gradients(graph: tf.Graph, plan: Plan, collectives: Collectives) -> tf.Graph:
     """Dense gradients become their allreduce; sparse ones the allgather of their slices, or
     (Sync.ALLREDUCE for a sparse variable: its gradients are nearly dense) the allreduce of
     their dense sum."""
     with graph.as_default(), tf.name_scope("parallax_allreduce"):
         for var_plan in plan.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER):
-            op = hvd.Average if var_plan.average else hvd.Sum
+            average = var_plan.average
             for record in var_plan.variable.gradients:
                 if record.is_sparse and var_plan.sync is Sync.ALLREDUCE:
-                    _aggregate_sparse_as_dense(graph, record, op, var_plan, plan)
+                    _aggregate_sparse_as_dense(graph, record, average, var_plan, plan,
+                                               collectives)
                 elif record.is_sparse:
-                    _aggregate_sparse(graph, record, op)
+                    _aggregate_sparse(graph, record, average, collectives)
                 else:
-                    _aggregate_dense(graph, record, op, plan)
+                    _aggregate_dense(graph, record, average, plan, collectives)
     return graph
 
 
-def _allreduce(tensor, op, plan: Plan):
+def _allreduce(tensor, average: bool, plan: Plan, collectives: Collectives):
     if plan.hierarchical_allreduce:
-        return machine_allreduce.allreduce(tensor, op, plan.cluster)
-    return hvd.allreduce(tensor, op=op)
+        return machine_allreduce.allreduce(tensor, average, collectives)
+    return collectives.allreduce(tensor, average)
 
 
-def _aggregate_dense(graph, record, op, plan):
+def _aggregate_dense(graph, record, average, plan, collectives):
     grad = graph.get_tensor_by_name(record.dense)
     consumers = list(grad.consumers())
     with tf.device(grad.op.device):
-        aggregated = _allreduce(grad, op, plan)
+        aggregated = _allreduce(grad, average, plan, collectives)
     reroute(grad, aggregated, consumers)
     contracts.record_aggregated(grad, aggregated)
 
 
-def _aggregate_sparse(graph, record, op):
+def _aggregate_sparse(graph, record, average, collectives):
     values = graph.get_tensor_by_name(record.values)
     indices = graph.get_tensor_by_name(record.indices)
     dense_shape = (graph.get_tensor_by_name(record.dense_shape)
                    if record.dense_shape else None)
     consumers = {t: list(t.consumers()) for t in (values, indices)}
     with tf.device(values.op.device):
-        aggregated = hvd.allreduce(tf.IndexedSlices(values, indices, dense_shape), op=op)
+        aggregated = collectives.allgather_slices(
+            tf.IndexedSlices(values, indices, dense_shape), average)
         gathered = [aggregated.values, aggregated.indices]
         if rows_unique_per_batch(indices):
             gathered = row_sums.one_row_per_id(gathered)
@@ -65,7 +67,7 @@ def _aggregate_sparse(graph, record, op):
         contracts.record_aggregated(old, new)
 
 
-def _aggregate_sparse_as_dense(graph, record, op, var_plan, plan):
+def _aggregate_sparse_as_dense(graph, record, average, var_plan, plan, collectives):
     """The slices summed into the variable's shape, with a count of rows, are allreduced; the
     rows any worker touched come out as slices again, so that the optimizer updates those rows
     only, as its sparse update on one device does (Adam's slots of other rows do not decay).
@@ -74,10 +76,9 @@ def _aggregate_sparse_as_dense(graph, record, op, var_plan, plan):
     every row (clip_by_global_norm on one device), it travels in one more row. The counts
     join the rows after their sums, not before: on the tags benchmark, concatenating the
     batch's rows first cost a worker 0.2-0.3 ms of CPU a step, a fifth of its compute.
-    A mean is taken by Horovod's Average, as the dense gradients' is: Horovod fuses only
-    allreduces of one reduce op, and a Sum beside them was a second ring of its own each step
-    (tags at 1 Gbit: 3-4 ms of a 17-19 ms step). The counts are then means too, still > 0
-    exactly where a worker touched the row."""
+    A mean is taken as the dense gradients' is (Horovod fuses only allreduces of one reduce
+    op: a sum beside them would be a second ring of its own each step). The counts are then
+    means too, still > 0 exactly where a worker touched the row."""
     values = graph.get_tensor_by_name(record.values)
     indices = graph.get_tensor_by_name(record.indices)
     consumers = {t: list(t.consumers()) for t in (values, indices)}
@@ -94,12 +95,12 @@ def _aggregate_sparse_as_dense(graph, record, op, var_plan, plan):
             packed = tf.concat([packed, tf.concat([
                 tf.zeros([1, tf.shape(flat)[1]], values.dtype),
                 tf.reshape(row_sums.norm_share(values), [1, 1])], 1)], 0)
-        reduced = _allreduce(packed, op, plan)  # a mean: each worker's rows over N
+        reduced = _allreduce(packed, average, plan, collectives)  # each worker's rows over N
         touched = tf.where(reduced[:rows, -1] > 0)[:, 0]
         aggregated = tf.gather(reduced[:rows, :-1], touched)
         norm = reduced[rows, -1] if carries_norm else None
-        if op == hvd.Average and carries_norm:  # a norm of the mean: the sum's over N squared
-            norm = norm / tf.cast(hvd.size(), values.dtype)
+        if average and carries_norm:  # a norm of the mean: the sum's over N squared
+            norm = norm / tf.cast(plan.cluster.num_workers, values.dtype)
         row_shape = (values.shape[1:].as_list() if values.shape[1:].is_fully_defined()
                      else tf.shape(values)[1:])
         new_values = tf.reshape(aggregated, tf.concat([[-1], row_shape], 0))
@@ -111,8 +112,8 @@ def _aggregate_sparse_as_dense(graph, record, op, var_plan, plan):
         row_sums.use_carried_norm(consumers[values], norm, trigger=new_values.op)
 
 
-@graph_pass(produces=["per-worker state combined"])
-def combine_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
+@graph_pass(produces=["per-worker state combined"], collective=True)
+def combine_worker_state(graph: tf.Graph, plan: Plan, collectives: Collectives) -> tf.Graph:
     """State written from each worker's own data (a loss average, a batch's moving statistics,
     a metric's counts) stays identical on every worker and equal to one device's: each such
     write takes the sum over workers of the value it would add where that is a count of the
@@ -120,24 +121,25 @@ def combine_worker_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
     averages TF writes, the average of the combined batch's values, as on one device). Runs
     before the passes that place ops."""
     with graph.as_default(), tf.name_scope("parallax_combine_state"):
-        for names, op in ((plan.averaged_writes, hvd.Average), (plan.summed_writes, hvd.Sum)):
+        for names, average in ((plan.averaged_writes, True), (plan.summed_writes, False)):
             for name in names:
                 write = graph.get_operation_by_name(name)
                 value = write.inputs[1]
                 with tf.device(value.op.device):
-                    combined = hvd.allreduce(value, op=op)
+                    combined = collectives.allreduce(value, average)
                 reroute(value, combined, [write])
     return graph
 
 
 @graph_pass(produces=["replicas start alike"],
-            runs_if=lambda plan: plan.uses_horovod)
-def broadcast_initial_values(graph: tf.Graph, plan: Plan) -> tf.Graph:
+            runs_if=lambda plan: plan.uses_collectives, collective=True)
+def broadcast_initial_values(graph: tf.Graph, plan: Plan, collectives: Collectives
+                             ) -> tf.Graph:
     """Add the op that copies rank 0's initial values to every replica (run once after
     initialization): replicas must start identical to stay identical. Server-resident
     variables have a single copy and are left out."""
     with graph.as_default(), tf.name_scope("parallax_broadcast"):
         variables = [v for v in tf.compat.v1.global_variables()
                      if plan.server_of(v.op.name) is None]
-        contracts.record_broadcast(graph, hvd.broadcast_variables(variables, 0))
+        contracts.record_broadcast(graph, collectives.broadcast_variables(variables))
     return graph

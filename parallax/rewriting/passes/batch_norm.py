@@ -26,53 +26,55 @@ from __future__ import annotations
 
 from typing import Optional
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from parallax import contracts
+from parallax.collectives import Collectives
 from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass
 
 
 @graph_pass(produces=["batch statistics combined"],
-            runs_if=lambda plan: plan.sync_batch_norm)
-def synchronize_batch_statistics(graph: tf.Graph, plan: Plan) -> tf.Graph:
+            runs_if=lambda plan: plan.sync_batch_norm, collective=True)
+def synchronize_batch_statistics(graph: tf.Graph, plan: Plan, collectives: Collectives
+                                 ) -> tf.Graph:
     incoming = contracts.read_statistic_gradients(graph)
     with graph.as_default(), tf.name_scope("parallax_sync_batch_norm"):
         for mean_name, variance_name in plan.batch_moments:
             for name in (mean_name, variance_name):
                 statistic = graph.get_operation_by_name(name).outputs[0]
-                _combine_batches(statistic)
+                _combine_batches(statistic, collectives)
                 if name in incoming:
-                    _average_over_workers(graph.get_tensor_by_name(incoming[name]))
+                    _average_over_workers(graph.get_tensor_by_name(incoming[name]), collectives)
         gradients = {op.inputs[3].op.name: op for op in graph.get_operations()
                      if op.type.startswith("FusedBatchNormGrad")}
         for name in plan.fused_batch_norms:
-            _combine_fused(graph.get_operation_by_name(name), gradients.get(name))
+            _combine_fused(graph.get_operation_by_name(name), gradients.get(name), collectives)
     return graph
 
 
-def _combine_batches(statistic: tf.Tensor) -> None:
+def _combine_batches(statistic: tf.Tensor, collectives: Collectives) -> None:
     """A per-batch mean (over its op's reduced axes) becomes the mean over every worker's batch,
     weighted by the examples each reduced."""
     consumers = list(statistic.consumers())
     samples = statistic.op.inputs[0]
     with tf.device(statistic.op.device):
         count = tf.cast(tf.size(samples) // tf.maximum(tf.size(statistic), 1), statistic.dtype)
-        total = hvd.allreduce(statistic * count, op=hvd.Sum)
-        combined = total / hvd.allreduce(count, op=hvd.Sum)
+        total = collectives.allreduce(statistic * count, average=False)
+        combined = total / collectives.allreduce(count, average=False)
     reroute(statistic, combined, consumers)
 
 
-def _average_over_workers(gradient: tf.Tensor) -> None:
+def _average_over_workers(gradient: tf.Tensor, collectives: Collectives) -> None:
     consumers = list(gradient.consumers())
     with tf.device(gradient.op.device):
-        averaged = hvd.allreduce(gradient, op=hvd.Average)
+        averaged = collectives.allreduce(gradient, average=True)
     reroute(gradient, averaged, consumers)
 
 
-def _combine_fused(op: tf.Operation, gradient: Optional[tf.Operation]) -> None:
+def _combine_fused(op: tf.Operation, gradient: Optional[tf.Operation],
+                   collectives: Collectives) -> None:
     """`op`, a fused batch norm in training mode, and its gradient op, over the combined
     batch (see above)."""
     x, scale, offset = op.inputs[:3]
@@ -91,9 +93,9 @@ def _combine_fused(op: tf.Operation, gradient: Optional[tf.Operation]) -> None:
         # mean and variance (two passes over its batch, as accurate as one device's).
         own_mean = tf.reduce_mean(inputs, axes)
         own_variance = tf.reduce_mean(tf.square(inputs - per_channel(own_mean)), axes)
-        totals = hvd.allreduce(tf.concat([mine * own_mean,
-                                          mine * (own_variance + tf.square(own_mean)),
-                                          [mine]], 0), op=hvd.Sum)
+        totals = collectives.allreduce(tf.concat([mine * own_mean,
+                                                  mine * (own_variance + tf.square(own_mean)),
+                                                  [mine]], 0), average=False)
         count = totals[-1]
         mean = totals[:channels] / count
         variance = tf.maximum(totals[channels:2 * channels] / count - tf.square(mean), 0.0)
@@ -115,7 +117,7 @@ def _combine_fused(op: tf.Operation, gradient: Optional[tf.Operation]) -> None:
         dy = tf.cast(gradient.inputs[0], scale.dtype)
         dy_sum = tf.reduce_sum(dy, axes)
         dy_normalized_sum = tf.reduce_sum(dy * normalized, axes)
-        sums = hvd.allreduce(tf.concat([dy_sum, dy_normalized_sum], 0), op=hvd.Sum)
+        sums = collectives.allreduce(tf.concat([dy_sum, dy_normalized_sum], 0), average=False)
         dx = per_channel(scale * inverse_std) * (
             dy - per_channel(sums[:channels]) / count
             - normalized * per_channel(sums[channels:]) / count)

@@ -10,10 +10,10 @@ gradient sum(grad S_i) / sum(C), and the mean of the losses they report is one d
 """
 from __future__ import annotations
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from parallax import contracts
+from parallax.collectives import Collectives
 from parallax.planning.analysis import upstream_ops
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass
@@ -21,8 +21,10 @@ from parallax.rewriting.rewire import reroute
 
 
 @graph_pass(produces=["loss denominators combined"],
-            runs_if=lambda plan: bool(plan.loss_denominators) and not plan.asynchronous)
-def combine_loss_denominators(graph: tf.Graph, plan: Plan) -> tf.Graph:
+            runs_if=lambda plan: bool(plan.loss_denominators) and not plan.asynchronous,
+            collective=True)
+def combine_loss_denominators(graph: tf.Graph, plan: Plan, collectives: Collectives
+                              ) -> tf.Graph:
     gradients = [graph.get_tensor_by_name(name).op for record in contracts.read_gradients(graph)
                  for name in record.tensor_names()]
     ahead = upstream_ops(gradients) | set(gradients)  # the losses and autodiff's ops
@@ -32,6 +34,6 @@ def combine_loss_denominators(graph: tf.Graph, plan: Plan) -> tf.Graph:
             # A summary or metric of the count outside the step's gradients keeps the worker's.
             consumers = [op for op in count.consumers() if op in ahead]
             with tf.device(count.op.device):
-                combined = hvd.allreduce(count, op=hvd.Average)
+                combined = collectives.allreduce(count, average=True)
             reroute(count, combined, consumers)
     return graph
