@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 
 import tensorflow as tf
 
-from parallax import contracts, driver, worker
+from parallax import contracts, driver, verify, worker
 from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
@@ -104,8 +104,6 @@ def _verifying(resources: str, config: Config, run: Optional[contracts.VerifyRun
         return run.resources or resources, dataclasses.replace(
             config, ckpt_config=CheckpointConfig(), max_restarts=0, verify_steps=0)
     if config.verify_steps and contracts.role() == "driver":
-        from parallax import verify  # pylint: disable=import-outside-toplevel  (a cycle)
-
         sys.exit(verify.verify(sys.argv[0], sys.argv[1:], resources, config.verify_steps))
     return resources, config
 

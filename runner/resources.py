@@ -47,24 +47,7 @@ class Host:
         return self.name.strip("[]")
 
 
-def load_resources(spec: str) -> List[Host]:
-    """Parse a resource file path or inline resource string into hosts with resolved slots;
-    "slurm": the hosts and tasks of the Slurm allocation this process runs in."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ResourceError("resources must be a resource file path, a string such as "
-                            f"'localhost:0,1', or 'slurm', got {spec!r}")
-    from runner import slurm  # pylint: disable=import-outside-toplevel  (it imports this)
-
-    if slurm.names_allocation(spec):
-        return slurm.allocation_hosts()
-    if "\n" not in spec and "\0" not in spec and os.path.isfile(spec):
-        return parse_resources(_read_text(spec).split("\n"), source=spec)
-    if "\n" not in spec and os.sep in spec and not os.path.exists(spec.replace("\0", "")):
-        raise ResourceError(f"resource file {spec} does not exist")
-    return parse_resources(re.split(r"[;\n]", spec), source="resources string")
-
-
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
     with open(path, "rb") as f:
         data = f.read(1 << 20)
         if f.read(1):
