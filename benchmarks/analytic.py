@@ -83,22 +83,6 @@ def _variable_phases(variable, sync, cluster, unique_pulls, summed_pushes, loop_
         hierarchical_allreduce=hierarchical_allreduce)
 
 
-def by_method(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]], hosts: int,
-              workers_per_host: int, unique_pulls: bool = False, summed_pushes: bool = False,
-              loop_copies: bool = False, hierarchical_allreduce: bool = False, **_
-              ) -> Dict[str, Tuple[int, float]]:
-    """Per way of synchronizing (ALLREDUCE, ALLGATHER, PS): (its variables, the bytes all
-    hosts' links carry for them in a step, sent and received)."""
-    cluster = cost.Shape(hosts, workers_per_host)
-    counted: Dict[str, Tuple[int, float]] = {}
-    for variable in variables:
-        _, method, phases = _variable_phases(variable, sync, cluster, unique_pulls,
-                                             summed_pushes, loop_copies, hierarchical_allreduce)
-        count, nbytes = counted.get(str(method.how), (0, 0.0))
-        counted[str(method.how)] = (count + 1, nbytes + sum(map(sum, phases[0] + phases[1])))
-    return counted
-
-
 def waits_seconds(variables: List[dict], sync: Dict[str, Tuple[str, Optional[int]]],
                   hosts: int, workers_per_host: int, hierarchical_allreduce: bool = False,
                   loop_copies: bool = False, **_) -> float:

@@ -232,21 +232,6 @@ def rows_by_workload(summary: dict) -> Dict[str, List[dict]]:
     return rows
 
 
-def summaries(folders) -> List[Tuple[str, dict]]:
-    """Every summary.json under `folders`, with its run: the folder of the summary, or of its
-    rates (a multi-rate run's)."""
-    found = []
-    for path in sorted({p for f in folders for p in glob.glob(
-            os.path.join(f, "**", "summary.json"), recursive=True)}):
-        with open(path) as file:
-            summary = json.load(file)
-        run = os.path.dirname(path)
-        if os.path.basename(run) == summary["rate"]:
-            run = os.path.dirname(run)
-        found.append((run, summary))
-    return found
-
-
 def print_and_save(lines: List[str], path: Optional[str]) -> None:
     """A tool's markdown report on stdout, and in the file `path` too where given."""
     text = "\n".join(lines) + "\n"

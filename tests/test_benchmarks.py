@@ -15,11 +15,8 @@ from emulated import reason as no_cluster_reason
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import analytic  # noqa: E402
-import planner_floor  # noqa: E402
-import prediction_fit  # noqa: E402
 import repeated  # noqa: E402
 import report  # noqa: E402
-import trial_accuracy  # noqa: E402
 
 DENSE = {"name": "w", "bytes": 1000, "rows": None, "reads": 1}
 SPARSE = {"name": "e", "bytes": 10 ** 6, "rows": 30, "unique_rows": [10, 18],
@@ -276,97 +273,6 @@ def test_repeated_multi_rate_runs_give_the_median_and_minimum_against_the_target
         repeated.table(folders + [os.path.join(REPO, "benchmarks", "results")])
 
 
-def test_a_perfect_planner_keeps_the_fastest_plan_with_its_own_or_another_runs_job(tmp_path):
-    """Three runs: PS 100, 100 and 125 ms a step, HYBRID 105 in each, AUTO 100, 110, 100. PS
-    is the fastest plan over the runs; in run 3 HYBRID beat it."""
-    for i, (ps, auto) in enumerate([(0.1, 0.1), (0.1, 0.11), (0.125, 0.1)]):
-        _write(tmp_path / f"run{i + 1}" / "10gbit", _summary(
-            "10gbit", {"parallax-auto": auto, "parallax-ps": ps, "parallax-hybrid": 0.105}))
-    folders = [str(tmp_path / f"run{i + 1}") for i in range(3)]
-    found = planner_floor.perfect_planner(planner_floor.throughputs(folders)["10gbit", "lm"])
-    assert found["fastest"] == "parallax-ps"
-    assert found["own"] == pytest.approx([1, 1, 0.84])  # run 3: 100 / 105 words a ms
-    # another run's PS job over each run's best: 1 and 0.8 in runs 1 and 2, 1.05 twice in 3
-    assert sorted(found["other_run"]) == pytest.approx([0.8, 0.8, 1, 1, 1.05, 1.05])
-    # two of three runs at 0.97 or above, and one below 0.90: 3 runs meet only if all three
-    # are of the former, (2/3) ** 3
-    assert planner_floor.chance_met(found["own"]) == pytest.approx(8 / 27)
-    # AUTO: 1, 0.91, 1.05; one between 0.90 and 0.97 is allowed: + 3 (2/3) ** 2 (1/3)
-    assert planner_floor.chance_met(found["auto"]) == pytest.approx(20 / 27)
-    # Two more jobs of PS, one after the other: 100 and 110 ms a step, 1.1 and 1 / 1.1
-    # either way round; with each run's own ratio above, 0.76-1.1.
-    repeats = [str(tmp_path / f"again{i}") for i in (1, 2)]
-    for folder, ps in zip(repeats, (0.1, 0.11)):
-        _write(folder, _summary("10gbit", {"parallax-ps": ps}))
-    assert planner_floor.second_jobs(repeats) == {
-        ("10gbit", "lm", "parallax-ps"): pytest.approx([1 / 1.1, 1.1])}
-    lines = planner_floor.table(folders, repeats)
-    assert _cells(lines[4:7], key_columns=2)["10gbit", "lm"] == [
-        "Parallax PS", "1.00 (0.84), 30%", "1.00, 33%, 30%", "2, 0.92, 17%, 20%",
-        "1.00 (0.91), 74%"]
-    assert lines[-1].endswith("perfect planner 30% with no noise of its own, 30% with "
-                              "another run's job, 20% with a second job minutes apart (the 1 "
-                              "of 1 cells measured so); AUTO 74%.")
-    assert _cells(planner_floor.table(folders)[4:7], key_columns=2)["10gbit", "lm"][3] == "-"
-    with pytest.raises(ValueError, match="at least two runs"):
-        planner_floor.table(folders[:1])
-
-
-def test_the_prediction_fit_gives_the_models_error_the_floor_and_fitted_costs(tmp_path):
-    """Two runs of two workloads, in which Horovod and Parallax AR allreduce one variable in
-    50 and 54 ms a step: the model misses most of it; the other run repeats it within 8%; a
-    cost a variable of allreduce, fitted on the other workload or the other system, predicts
-    each within 4%."""
-    for run, seconds in (("run1", 0.05), ("run2", 0.054)):
-        summary = _summary("1gbit", {"horovod": seconds, "parallax-ar": seconds}, "lm")
-        summary["results"] += _summary("1gbit", {"horovod": seconds, "parallax-ar": seconds},
-                                       "cnn")["results"]
-        _write(tmp_path / run / "1gbit", summary)
-    found = prediction_fit.jobs([str(tmp_path)])
-    assert len(found) == 8 and {j["run"] for j in found} == {
-        str(tmp_path / run) for run in ("run1", "run2")}
-    allreduced = analytic.cost.link_phases(
-        analytic.cost.VariableStats("w", 1000), analytic.cost.Method(analytic.ALLREDUCE),
-        analytic.cost.Shape(2, 1))[1]
-    assert found[0]["kinds"] == {"allreduce": (1, pytest.approx(sum(map(sum, allreduced))))}
-    lines = prediction_fit.table(found, [["1gbit"]])
-    (row,) = [line for line in lines if line.startswith("| 1gbit")]
-    model, floor, *fitted = [c.strip() for c in row.split("|")[3:8]]
-    assert found[0]["predicted"] < 0.85 * 50 and model.startswith("0% ")
-    assert floor == "100% (median error 8%)"  # 54/50 - 1 and 50/54 - 1
-    assert all(cell.startswith("100% ") for cell in fitted)  # in sample, held-out ones
-    assert lines[-1].startswith("- 1gbit: allreduce: ms a variable ")
-
-
-def test_the_trials_are_compared_with_the_jobs_of_their_plans(tmp_path):
-    """A run where AUTO timed AR's rule at 45 ms and PS's at 66, in two rounds of 64 and 68
-    (Parallax AR's and PS's own jobs: 50 and 60 ms a step) and the cost model's choice, which
-    has no job of its own, kept PS's rule and ran 64 ms a step."""
-    summary = _summary("1gbit", {"parallax-auto": 0.064, "parallax-ar": 0.05,
-                                 "parallax-ps": 0.06})
-    auto = next(r for r in summary["results"] if r["system"] == "parallax-auto")
-    auto["records"][0]["trials"] = [
-        {"plan": "AR's rule", "predicted_ms": 30.0, "measured_ms": 45.0,
-         "without_horovod": False, "kept": False},
-        {"plan": "PS's rule", "predicted_ms": 30.0, "measured_ms": 66.0,
-         "rounds_ms": [64.0, 68.0], "without_horovod": True, "kept": True},
-        {"plan": "the cost model's choice", "predicted_ms": 29.0, "measured_ms": 70.0,
-         "without_horovod": False, "kept": False}]
-    _write(tmp_path / "run1" / "1gbit", summary)
-    found = trial_accuracy.jobs([str(tmp_path)])
-    assert [(j["run"], j["workload"], j["auto"]) for j in found] == [
-        (str(tmp_path / "run1"), "lm", pytest.approx(64))]
-    lines = trial_accuracy.table(found)
-    rows = _cells(lines[:5], key_columns=4)
-    assert rows[("run1", "1gbit", "lm", "PS's rule")] == ["66.0 (64.0, 68.0)", "60.0", "1.10",
-                                                         "kept"]
-    assert rows[("run1", "1gbit", "lm", "AR's rule")] == ["45.0", "50.0", "0.90", ""]
-    assert rows[("run1", "1gbit", "lm", "the cost model's choice")] == ["70.0", "-", "-", ""]
-    assert "| PS's rule | 1.10 (1.10-1.10, 1) |" in lines
-    assert "over AUTO's step once kept: median (range, jobs) 1.03 (1.03-1.03, 1)" in lines[-3]
-    assert lines[-1].endswith("0.94 (0.94-0.94, 1)")  # 60 / 64
-
-
 @pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
 def test_one_worker_alone_is_the_windows_of_its_runs_before_and_after_the_other_jobs():
     def single(seconds, cpu):
@@ -429,10 +335,12 @@ def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
         assert label in text
     assert "failed" not in text, text
     # AUTO's chief recorded its trials: the plans it timed, one of them kept
-    (found,) = trial_accuracy.jobs([str(tmp_path)])
-    assert [t["kept"] for t in found["trials"]].count(True) == 1
-    assert "the cost model's choice" in {t["plan"] for t in found["trials"]}
-    assert all(t["measured_ms"] > 0 for t in found["trials"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (auto,) = [r for r in summary["results"] if r["system"] == "parallax-auto"]
+    trials = next(r for r in auto["records"] if r["is_chief"])["trials"]
+    assert [t["kept"] for t in trials].count(True) == 1
+    assert "the cost model's choice" in {t["plan"] for t in trials}
+    assert all(t["measured_ms"] > 0 for t in trials)
     assert (tmp_path / "lm.png").stat().st_size > 0
     assert (tmp_path / "prediction.png").stat().st_size > 0  # predicted against measured
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True,
