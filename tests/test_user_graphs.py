@@ -60,27 +60,50 @@ REFUSED = {("cond", "HYBRID"): "updates variables on parameter servers ['model/e
            ("gradient_penalty", "PS"): "is differentiated again"}
 
 
+MODES = ["AR", "PS", "HYBRID"]
+
+
+def _tf1(shape, run_option):
+    """Whether the shape trains after disable_v2_behavior() (TF1 code) in this mode: each shape
+    in one of the three modes, by turns."""
+    return TF1_MODE.get(shape, MODES[sorted(user_graphs.SHAPES).index(shape) % 3]) == run_option
+
+
+@pytest.fixture(scope="module", params=MODES)
+def every_shape(request, tmp_path_factory):
+    """One job per mode trains every shape it does not refuse, one get_runner each in turn
+    (the driver plans the first, which has an embedding, so that the job has servers; the
+    workers plan the others by the mode's rule, as the driver would)."""
+    run_option = request.param
+    shapes = [s for s in sorted(user_graphs.SHAPES) if (s, run_option) not in REFUSED]
+    out = tmp_path_factory.mktemp(f"shapes-{run_option}")
+    result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", ",".join(shapes),
+                     "--resources", TWO_MACHINES, "--run-option", run_option, "--out", str(out),
+                     "--tf1-behaviour", ",".join(s for s in shapes if _tf1(s, run_option)),
+                     env={"USER_GRAPHS_CHECKPOINTS": str(out / "checkpoints")}, timeout=1200)
+    return run_option, out, result
+
+
 @pytest.mark.job
-@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
 @pytest.mark.parametrize("shape", sorted(user_graphs.SHAPES))
-def test_user_graph_trains_as_on_one_device(tmp_path, shape, run_option):
-    """Each shape in one of the three modes, by turns, after disable_v2_behavior() (TF1 code)."""
-    modes = ["AR", "PS", "HYBRID"]
-    tf1 = TF1_MODE.get(shape, modes[sorted(user_graphs.SHAPES).index(shape) % 3]) == run_option
-    behaviour = ["--tf1-behaviour"] if tf1 else []
+def test_user_graph_trains_as_on_one_device(every_shape, shape):
+    """Each shape in each mode, or refused at get_runner saying why."""
+    run_option, out, result = every_shape
     if (shape, run_option) in REFUSED:
-        result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
-                         "--resources", TWO_MACHINES, "--run-option", run_option,
-                         "--out", str(tmp_path), *behaviour, timeout=300)
-        assert result.returncode != 0 and REFUSED[shape, run_option] in result.stderr
-        assert "[127.0.0.1:worker:0]" not in result.stdout, "refused after starting workers"
+        refused = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
+                          "--resources", TWO_MACHINES, "--run-option", run_option,
+                          "--out", str(out / shape), timeout=300)
+        assert refused.returncode != 0 and REFUSED[shape, run_option] in refused.stderr
+        assert "[127.0.0.1:worker:0]" not in refused.stdout, "refused after starting workers"
         return
-    result = _train(tmp_path, shape, run_option, *behaviour)
-    _assert_single_device(tmp_path, shape, tf1)
+    assert f"[127.0.0.1:worker:0] {shape}: trained" in result.stdout, (
+        result.stdout[-3000:] + result.stderr[-3000:])
+    _assert_single_device(out / shape, shape, _tf1(shape, run_option))
     if shape == "cifar10":  # its loop runs the initializer: skipped, once per worker, said so
         made_at = re.findall(r"runner\.run\(the initializer made at (\S+user_graphs\.py:\d+)\) "
                              r"skipped", result.stdout)
         assert len(made_at) == WORKERS and len(set(made_at)) == 1, result.stdout[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 @pytest.mark.job
@@ -125,7 +148,8 @@ def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option, flags):
     """With sync_batch_norm (on by default) the batch statistics, forward and backward, are the
     combined batch's: the batch-norm CNN (moving statistics too) equals one device's."""
     tf1 = run_option == "HYBRID"  # after disable_v2_behavior(), as TF1 code
-    result = _train(tmp_path, "batchnorm", run_option, *flags, *(["--tf1-behaviour"] * tf1))
+    result = _train(tmp_path, "batchnorm", run_option, *flags,
+                    *(["--tf1-behaviour", "all"] * tf1))
     _assert_single_device(tmp_path, "batchnorm", tf1)
     assert ("batch norm: statistics of the combined batch, as on one device (sync_batch_norm): "
             "moments/mean") in result.stdout
@@ -142,7 +166,7 @@ def test_sync_batch_norm_of_a_fused_kernel_trains_as_on_one_device(tmp_path, sha
     NCHW, with sync_batch_norm or by default: rewritten over the combined batch, forward and
     backward, its moving statistics (Bessel-corrected variance) too, equal to one device's."""
     tf1 = run_option == "HYBRID"  # after disable_v2_behavior(), as TF1 code
-    _train(tmp_path, shape, run_option, *flags, *(["--tf1-behaviour"] * tf1))
+    _train(tmp_path, shape, run_option, *flags, *(["--tf1-behaviour", "all"] * tf1))
     _assert_single_device(tmp_path, shape, tf1)
 
 

@@ -584,7 +584,8 @@ def train_single_device(shape, workers, tf1=False):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", choices=sorted({**SHAPES, **PER_WORKER_SHAPES}), required=True)
+    parser.add_argument("--shape", required=True, help="a shape, or several joined by commas: "
+                        "one get_runner each in turn, their results in OUT/SHAPE/")
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
@@ -601,18 +602,29 @@ def main():
     parser.add_argument("--monitored", action="store_true",
                         help="the loop through parallax.MonitoredTrainingSession and hooks "
                              "(shapes with a global step)")
-    parser.add_argument("--tf1-behaviour", action="store_true",
-                        help="tf.compat.v1.disable_v2_behavior() first, as ported TF1 code")
+    parser.add_argument("--tf1-behaviour", default="",
+                        help="the shapes (commas; 'all') built after "
+                             "tf.compat.v1.disable_v2_behavior(), as ported TF1 code")
     args = parser.parse_args()
     global RESTORE_IN_CHIEF_ONLY
     RESTORE_IN_CHIEF_ONLY = args.chief_restores
-    if args.tf1_behaviour:
-        tf.compat.v1.disable_v2_behavior()
-    else:
-        tf.compat.v1.disable_eager_execution()
-    graph, inputs, loop = _build(args.shape)
+    shapes = args.shape.split(",")
+    unknown = set(shapes) - {*SHAPES, *PER_WORKER_SHAPES}
+    if unknown:
+        parser.error(f"unknown shapes {sorted(unknown)}")
+    tf1_shapes = shapes if args.tf1_behaviour == "all" else args.tf1_behaviour.split(",")
+    tf.compat.v1.disable_eager_execution()
     config = parallax.Config(run_option=args.run_option, sync_batch_norm=args.sync_batch_norm,
                              split_variables=True if args.split_variables else None)
+    for shape in shapes:
+        with behaviour(shape in tf1_shapes):
+            _train(shape, args, config, os.path.join(args.out, shape) if len(shapes) > 1
+                   else args.out)
+
+
+def _train(shape, args, config, out):
+    """The shape's graph trained by Parallax; each worker's fetches and variables in `out`."""
+    graph, inputs, loop = _build(shape)
     if args.monitored:
         worker, fetched, values = _train_monitored(graph, inputs, loop, args, config)
     else:
@@ -622,7 +634,9 @@ def main():
         values = _variables(graph, runner.run)
         worker = runner.worker_id
         runner.close()
-    np.savez(os.path.join(args.out, f"worker{worker}.npz"), fetched=np.array(fetched),
+    os.makedirs(out, exist_ok=True)
+    print(f"{shape}: trained", flush=True)
+    np.savez(os.path.join(out, f"worker{worker}.npz"), fetched=np.array(fetched),
              **{f"var/{name}": value for name, value in values.items()})
 
 
