@@ -23,10 +23,11 @@ def _checkpoints(tmp_path, monkeypatch):
     monkeypatch.setenv("USER_GRAPHS_CHECKPOINTS", str(tmp_path / "checkpoints"))
 
 
-def _train(tmp_path, shape, run_option, *extra, env=None):
+def _train(tmp_path, shape, run_option, *extra, env=None, timeout=600):
+    """A job of the shape (or shapes, joined by commas: their results in tmp_path/SHAPE/)."""
     result = run_job(os.path.join(WORKLOADS, "user_graphs.py"), "--shape", shape,
                      "--resources", TWO_MACHINES, "--run-option", run_option,
-                     "--out", str(tmp_path), *extra, env=env, timeout=600)
+                     "--out", str(tmp_path), *extra, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -106,18 +107,29 @@ def test_user_graph_trains_as_on_one_device(every_shape, shape):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+# The shapes with embeddings, by job: the driver splits the variables of its first graph, and
+# a later get_runner's graph by the driver's decisions where they name its variables (gan's
+# embeddings have names of their own).
+SPLIT_JOBS = [["accumulate", "cifar10", "gradient_norms", "restore", "schedule", "summary"],
+              ["gan"]]
+
+
 @pytest.mark.job
-@pytest.mark.parametrize("shape", ["gan", "accumulate", "cifar10", "summary", "schedule",
-                                   "restore", "gradient_norms"])
-def test_user_graph_with_its_embeddings_split_over_the_servers_trains_as_on_one_device(
-        tmp_path, shape):
+@pytest.mark.parametrize("shapes", SPLIT_JOBS, ids=["model-emb", "gan"])
+def test_user_graphs_with_their_embeddings_split_over_the_servers_train_as_on_one_device(
+        tmp_path, shapes):
     """Config(split_variables=True) in HYBRID: each embedding in a row shard on each server
     (passes/split_variables.py), with two optimizers, a dense apply of accumulated gradients,
-    gradient histograms, moving averages, a fed learning rate, a restore mid-training."""
-    result = _train(tmp_path, shape, "HYBRID", "--split-variables")
-    plan = [line for line in result.stdout.splitlines() if "/emb/part_" in line]
-    assert plan and all("parameter server" in line for line in plan), result.stdout[-3000:]
-    _assert_single_device(tmp_path, shape)
+    gradient histograms, moving averages, a fed learning rate, a restore mid-training: a
+    get_runner for each shape in turn."""
+    result = _train(tmp_path, ",".join(shapes), "HYBRID", "--split-variables",
+                    env={"USER_GRAPHS_CHECKPOINTS": str(tmp_path / "job-checkpoints")},
+                    timeout=900)
+    plan = [line for line in result.stdout.splitlines() if "emb/part_" in line]
+    assert len(plan) == 2 * len(shapes) * (1 + (shapes == ["gan"])), result.stdout[-3000:]
+    assert all("parameter server" in line for line in plan), result.stdout[-3000:]
+    for shape in shapes:
+        _assert_single_device(tmp_path / shape if len(shapes) > 1 else tmp_path, shape)
 
 
 @pytest.mark.job
@@ -141,33 +153,27 @@ def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
     assert not np.allclose(saved[0]["var/moving_mean"], 0.0)
 
 
+# Per mode, the batch-norm CNN and a fused batch norm (one kernel, as tf.compat.v1.layers and
+# tf_keras build it; NCHW in PS), with sync_batch_norm or by default (HYBRID, under TF1).
+BATCH_NORMS = {"AR": (["batchnorm", "fused_batchnorm"], ["--sync-batch-norm"]),
+               "PS": (["batchnorm", "fused_batchnorm_nchw"], ["--sync-batch-norm"]),
+               "HYBRID": (["batchnorm", "fused_batchnorm"], ["--tf1-behaviour", "all"])}
+
+
 @pytest.mark.job
-@pytest.mark.parametrize("run_option,flags", [("AR", ["--sync-batch-norm"]),
-                                              ("PS", ["--sync-batch-norm"]), ("HYBRID", [])])
-def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option, flags):
+@pytest.mark.parametrize("run_option", sorted(BATCH_NORMS))
+def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
     """With sync_batch_norm (on by default) the batch statistics, forward and backward, are the
-    combined batch's: the batch-norm CNN (moving statistics too) equals one device's."""
-    tf1 = run_option == "HYBRID"  # after disable_v2_behavior(), as TF1 code
-    result = _train(tmp_path, "batchnorm", run_option, *flags,
-                    *(["--tf1-behaviour", "all"] * tf1))
-    _assert_single_device(tmp_path, "batchnorm", tf1)
+    combined batch's: the batch-norm CNN (moving statistics too) and a fused batch norm (its
+    outputs and gradient rewritten over the combined batch, its moving statistics with the
+    Bessel-corrected variance), NHWC and NCHW, equal one device's."""
+    shapes, flags = BATCH_NORMS[run_option]
+    result = _train(tmp_path, ",".join(shapes), run_option, *flags)
+    for shape in shapes:
+        _assert_single_device(tmp_path / shape, shape, tf1="--tf1-behaviour" in flags)
     assert ("batch norm: statistics of the combined batch, as on one device (sync_batch_norm): "
             "moments/mean") in result.stdout
     assert "sync_batch_norm=False" not in result.stderr
-
-
-@pytest.mark.job
-@pytest.mark.parametrize("shape,run_option,flags", [
-    ("fused_batchnorm", "AR", ["--sync-batch-norm"]), ("fused_batchnorm", "HYBRID", []),
-    ("fused_batchnorm_nchw", "PS", ["--sync-batch-norm"])])
-def test_sync_batch_norm_of_a_fused_kernel_trains_as_on_one_device(tmp_path, shape, run_option,
-                                                                   flags):
-    """A fused batch norm (one kernel, as tf.compat.v1.layers and tf_keras build it), NHWC and
-    NCHW, with sync_batch_norm or by default: rewritten over the combined batch, forward and
-    backward, its moving statistics (Bessel-corrected variance) too, equal to one device's."""
-    tf1 = run_option == "HYBRID"  # after disable_v2_behavior(), as TF1 code
-    _train(tmp_path, shape, run_option, *flags, *(["--tf1-behaviour", "all"] * tf1))
-    _assert_single_device(tmp_path, shape, tf1)
 
 
 @pytest.mark.job
