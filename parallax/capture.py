@@ -20,12 +20,9 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.contracts import GradientRecord
+from parallax.vocabulary import VARIABLE_OP_TYPES
 
 # The ops that are variables, resource (VarHandleOp) or reference (VariableV2, Variable).
-VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
-# Ops that run a function (tf.cond's branches, a while loop's body) on the handles they take.
-FUNCTION_CALL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
-                               "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
 
 
 def _variable_op_name(x) -> Optional[str]:

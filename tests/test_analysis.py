@@ -4,8 +4,8 @@ import tensorflow as tf
 
 import parallax
 from conftest import load_workload
-from parallax.planning.analysis import (analyze, downstream_ops, gradient_sources,
-                                        update_ops_by_variable, upstream_ops)
+from parallax.planning.analysis import analyze, gradient_sources, update_ops_by_variable
+from parallax.vocabulary import downstream_ops, upstream_ops
 
 
 def _build(optimizer, with_ema=False):

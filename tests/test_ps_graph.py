@@ -7,7 +7,8 @@ import parallax
 from conftest import load_workload
 from parallax import contracts
 from parallax.planning import analysis
-from parallax.planning.analysis import analyze, upstream_ops
+from parallax.planning.analysis import analyze
+from parallax.vocabulary import upstream_ops
 from parallax.cluster import Cluster
 from parallax.graph_copy import copy_graph
 from parallax.rewriting.pipeline import transform
@@ -285,10 +286,10 @@ def test_adams_slot_decays_on_a_server_wait_for_the_aggregated_gradient(deferred
     assert sorted(op.inputs[0].op.name for op in waits) == (
         ["embedding/Adam", "embedding/Adam_1"] if deferred else [])
     for op in waits:
-        assert any(u.type == "QueueDequeueV2" for u in analysis.upstream_ops([op]))
+        assert any(u.type == "QueueDequeueV2" for u in upstream_ops([op]))
     lookups = [op for op in graph.get_operations() if op.type == "ResourceGather"]
     assert lookups and not any(o.name.startswith("parallax_deferred/")
-                               for o in analysis.upstream_ops(lookups))
+                               for o in upstream_ops(lookups))
     other, _ = _transformed(1, "adam+clip", run_option="HYBRID")
     assert not [op for op in other.get_operations() if op.name.startswith("parallax_deferred/")]
 

@@ -13,10 +13,14 @@ import numpy as np
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES, batch_moments
+from parallax.capture import batch_moments
 from parallax.contracts import GradientRecord
 from parallax.errors import ParallaxError
 from parallax.planning import counters
+from parallax.vocabulary import (DATA_SOURCE_OPS, DIVIDING_OPS, FUNCTION_CALL_OPS,
+                                 PLACEHOLDER_OPS, RESTORE_OP_TYPES, SHAPE_ONLY_OPS,
+                                 STATEFUL_RANDOM_OP_TYPES, VARIABLE_OP_TYPES, downstream_ops,
+                                 is_setting, parents, upstream_ops)
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
 # assignments and scatters write their first input.
@@ -177,7 +181,7 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
     before_gradients = {w for ops in writes.values() for w in ops
                         if graph.get_operation_by_name(w) in ahead}
     sizes = counters.batch_sizes(op for op in graph.get_operations()
-                                 if op.type.startswith(_DATA_SOURCES) and not is_setting(op))
+                                 if op.type in DATA_SOURCE_OPS and not is_setting(op))
     summed, unclear = _counters(graph, extra_state, from_data, sizes)
     trained = _data_downstream([graph.get_operation_by_name(n) for n in variables],
                                stop=gradient_names, values_only=True)
@@ -209,7 +213,7 @@ def _loss_denominators(forward: Set[tf.Operation], trained: set, from_data: set,
     names). A denominator computed from the variables is the model's own, not the batch's."""
     counted, unclear = [], []
     for op in sorted(forward, key=lambda op: op.name):
-        if op.type not in counters.DIVIDING or op.outputs[0].shape.rank != 0:
+        if op.type not in DIVIDING_OPS or op.outputs[0].shape.rank != 0:
             continue
         numerator, denominator = op.inputs[:2]
         if (numerator.op.name not in trained or denominator.op.name not in from_data
@@ -309,15 +313,15 @@ def _components(roots) -> Tuple[Dict[tf.Operation, int], List[Tuple[List[str], L
         order[op] = low[op] = len(order)
         stack.append(op)
         on_stack.add(op)
-        work.append((op, iter(_parents(op))))
+        work.append((op, iter(parents(op))))
 
     for root in roots:
         if root in order:
             continue
         visit(root)
         while work:
-            op, parents = work[-1]
-            for parent in parents:
+            op, unvisited = work[-1]
+            for parent in unvisited:
                 if parent not in order:
                     visit(parent)
                     break
@@ -333,7 +337,7 @@ def _components(roots) -> Tuple[Dict[tf.Operation, int], List[Tuple[List[str], L
                         members.append(stack.pop())
                         on_stack.discard(members[-1])
                         component_of[members[-1]] = len(components)
-                    ahead = {component_of[p] for m in members for p in _parents(m)}
+                    ahead = {component_of[p] for m in members for p in parents(m)}
                     components.append(([m.name for m in members],
                                        sorted(ahead - {len(components)})))
     return component_of, components
@@ -368,36 +372,11 @@ def update_ops_by_variable(graph: tf.Graph, analysis: GraphAnalysis) -> Dict[str
     return {name: {op.name for op in own if owners[op] == 1} for name, own in ops.items()}
 
 
-def upstream_ops(ops, stop=frozenset()) -> set:
-    """Every op the ops wait for, by data or control, not looking at or past those in
-    `stop`."""
-    ahead, stack = set(), list(ops)
-    while stack:
-        op = stack.pop()
-        for parent in _parents(op):
-            if parent not in ahead and parent not in stop:
-                ahead.add(parent)
-                stack.append(parent)
-    return ahead
-
-
-def _parents(op: tf.Operation) -> List[tf.Operation]:
-    """The ops `op` waits for, by data or control."""
-    return [t.op for t in op.inputs] + list(op.control_inputs)
-
-
+# Ops whose outputs differ from worker to worker: its data, and its random numbers.
+_PER_WORKER_SOURCES = DATA_SOURCE_OPS | STATEFUL_RANDOM_OP_TYPES
 # The writes whose value can be averaged over workers: the value is their second input.
 _AVERAGEABLE_WRITES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp",
                                  "AssignAddVariableOp", "AssignSubVariableOp"})
-# Ops whose outputs differ from worker to worker: its data, and its random numbers.
-_DATA_SOURCES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead")
-_PER_WORKER_SOURCES = _DATA_SOURCES + ("Random", "TruncatedNormal", "Multinomial")
-RESTORE_OP_TYPES = ("RestoreV2", "Restore", "RestoreSlice")
-# Random ops that draw from a state of their own, which each session starts anew.
-STATEFUL_RANDOM_OP_TYPES = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
-    "RandomShuffle", "Multinomial", "RandomCrop"})
 
 
 def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
@@ -422,18 +401,9 @@ def _per_worker_ops(graph: tf.Graph, gradient_names: set, settings: bool = True)
     (gradients are aggregated, hence the same on every worker); with `settings` False, not
     from settings: a placeholder of one value (a learning rate, a dropout rate), which every
     worker feeds alike, as the same script computes it."""
-    sources = [op for op in graph.get_operations() if op.type.startswith(_PER_WORKER_SOURCES)
+    sources = [op for op in graph.get_operations() if op.type in _PER_WORKER_SOURCES
                and (settings or not is_setting(op))]
     return _data_downstream(sources, stop=gradient_names)
-
-
-def is_setting(op: tf.Operation) -> bool:
-    """A placeholder of one value: a learning rate, a dropout rate, is_training."""
-    return op.type.startswith("Placeholder") and op.outputs[0].shape.rank == 0
-
-
-# Ops whose outputs depend on their inputs' shapes alone, not on the values.
-_SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 
 
 def _data_downstream(ops, stop: set, values_only: bool = False) -> set:
@@ -447,7 +417,7 @@ def _data_downstream(ops, stop: set, values_only: bool = False) -> set:
         seen.add(op.name)
         frontier.extend(c for out in op.outputs if out.name not in stop
                         for c in out.consumers()
-                        if not (values_only and c.type in _SHAPE_ONLY))
+                        if not (values_only and c.type in SHAPE_ONLY_OPS))
     return seen
 
 
@@ -471,7 +441,7 @@ def _check_trained_variables_not_written_from_the_batch(graph, variables, ahead,
     of its ids), not through the aggregated gradients: each worker would write what its share
     of the batch gives, where one device writes what the whole batch gives. Input only the write
     reads (a pretrained table fed to an assign) is every worker's alike."""
-    batch = [op for op in ahead if op.type.startswith(_PER_WORKER_SOURCES)
+    batch = [op for op in ahead if op.type in _PER_WORKER_SOURCES
              and not is_setting(op)]
     from_batch = _data_downstream(batch, stop=gradient_names)
     for name, info in variables.items():
@@ -500,7 +470,7 @@ def _check_not_an_uncaptured_update(graph, name, write_ops) -> None:
 def _check_averageable(graph, write, name) -> None:
     op = graph.get_operation_by_name(write)
     if op.type not in _AVERAGEABLE_WRITES:
-        shapeless = sorted(p.name for p in upstream_ops([op]) if p.type.startswith("Placeholder")
+        shapeless = sorted(p.name for p in upstream_ops([op]) if p.type in PLACEHOLDER_OPS
                            and p.outputs[0].shape.rank is None)
         hint = (f" If {shapeless[0]!r} is a setting every worker feeds alike (a learning "
                 "rate), give it its scalar shape: tf.compat.v1.placeholder(tf.float32, [])"
@@ -555,27 +525,6 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
     while op.type in _PASSING_HANDLES and op.inputs:
         op = op.inputs[0].op
     return op.name if op.type in VARIABLE_OP_TYPES else None
-
-
-def downstream_ops(ops, inside=None, until=frozenset()) -> set:
-    """Every op that waits for one of `ops`, by data or control: the twin of upstream_ops (an op
-    of `ops` is in it only where it waits for another). With `inside`, the walk stays inside
-    those ops; with `until`, it stops at the first op of those that it reaches."""
-    after, stack = set(), list(ops)
-    while stack:
-        for consumer in consumers(stack.pop()):
-            if consumer in after or (inside is not None and consumer not in inside):
-                continue
-            after.add(consumer)
-            if consumer in until:
-                return after
-            stack.append(consumer)
-    return after
-
-
-def consumers(op: tf.Operation) -> List[tf.Operation]:
-    """The ops that wait for `op`, by data or control."""
-    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
 
 
 def _variables_read(graph: tf.Graph, op_names: List[str], stop: set) -> set:

@@ -23,6 +23,8 @@ from typing import Iterable, List, Optional, Set
 import numpy as np
 import tensorflow as tf
 
+from parallax.vocabulary import DIVIDING_OPS, PLACEHOLDER_OPS
+
 
 class Increment(enum.Enum):
     COUNT = "a sum over the batch"  # summed over workers
@@ -37,7 +39,6 @@ _KEEPING = frozenset({"Cast", "Identity", "Neg", "Reshape", "ExpandDims", "Squee
                       "StopGradient", "Snapshot"})
 _SCALING = frozenset({"Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum"})
 _ADDING = frozenset({"Add", "AddV2", "Sub", "AddN"})
-DIVIDING = frozenset({"RealDiv", "Div", "DivNoNan"})
 # Sums of per-example contributions into a fixed shape (confusion matrices, histograms).
 _SCATTERS = frozenset({"SparseTensorDenseAdd", "ScatterNd", "UnsortedSegmentSum",
                        "Bincount", "DenseBincount"})
@@ -86,13 +87,13 @@ def tensor_kind(tensor: tf.Tensor, from_data: Set[str], batch_sizes: Set[int]) -
         if op.type in _KEEPING:
             return kind(op.inputs[0])
         kinds = [kind(t) for t in op.inputs if t.op.name in from_data]
-        if (op.type in DIVIDING and kinds == [Increment.COUNT]
+        if (op.type in DIVIDING_OPS and kinds == [Increment.COUNT]
                 and op.inputs[0].op.name in from_data
                 and counts_fixed_batch(op.inputs[1])):
             return Increment.PER_STEP  # a count over the batch's size: a batch's mean
         if op.type in _SCALING and len(kinds) == 1:  # scaled by what every worker has alike
             return kinds[0]
-        if op.type in DIVIDING and kinds == [Increment.COUNT] * 2:
+        if op.type in DIVIDING_OPS and kinds == [Increment.COUNT] * 2:
             return Increment.PER_STEP  # a ratio of two counts: a batch's mean
         if op.type in _ADDING and len(set(kinds)) == 1:
             return kinds[0]
@@ -122,7 +123,7 @@ def static_value(tensor: tf.Tensor):
     seen, stack = set(), [tensor.op]
     while stack:  # what running it would run
         op = stack.pop()
-        if op.op_def.is_stateful or op.type.startswith("Placeholder") or op.type in (
+        if op.op_def.is_stateful or op.type in PLACEHOLDER_OPS or op.type in (
                 "Enter", "Switch", "Merge"):
             return None
         seen.add(op)

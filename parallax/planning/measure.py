@@ -22,11 +22,10 @@ import numpy as np
 import psutil
 import tensorflow as tf
 
-from parallax.capture import VARIABLE_OP_TYPES
 from parallax.planning import cost
-from parallax.planning.analysis import (GraphAnalysis, gradient_sources, is_setting,
-                                        update_ops_by_variable, upstream_ops)
+from parallax.planning.analysis import GraphAnalysis, gradient_sources, update_ops_by_variable
 from parallax.planning.traces import profiler_log_dropped, step_shares
+from parallax.vocabulary import VARIABLE_OP_TYPES, is_setting, upstream_ops
 from parallax.graph_copy import copy_graph
 
 

@@ -16,6 +16,7 @@ from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.cost import Sync
 from parallax.planning.analysis import GraphAnalysis, VariableInfo
+from parallax.vocabulary import CONDITIONAL_OPS
 
 
 @dataclasses.dataclass
@@ -342,7 +343,6 @@ def _check_server_writes_follow_gradients(analysis, server_writes) -> None:
 # its release, which waits for the step's aggregates on the servers as well as for the cond
 # (runtime/steps.py): a cond taking its empty branch (lowered to Switch/Merge, it waits for
 # nothing of the other) cannot release a step before every worker pushed its gradients.
-_CONDITIONALS = ("If", "StatelessIf")
 
 
 def _check_no_server_writes_in_loops(analysis, server_writes) -> None:
@@ -350,7 +350,7 @@ def _check_no_server_writes_in_loops(analysis, server_writes) -> None:
     are refused: the chief would apply them a varying number of times in one step."""
     for name in server_writes:
         kind = analysis.function_calls.get(name)
-        if kind and kind not in _CONDITIONALS:
+        if kind and kind not in CONDITIONAL_OPS:
             raise ParallaxError(
                 f"{name!r} (a TensorFlow {kind} op) updates variables that live on parameter "
                 "servers inside its function (tf.while_loop, tf.function): in PS/HYBRID mode "

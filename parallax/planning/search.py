@@ -17,10 +17,11 @@ from parallax.cluster import Cluster
 from parallax import tf_private
 from parallax.partitioner import Partitioned, partitioned_variables, shard_name
 from parallax.planning import cost, split_rules
-from parallax.planning.analysis import STATEFUL_RANDOM_OP_TYPES, GraphAnalysis, upstream_ops
+from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Cores, Measurements, measure
 from parallax.planning.plan import Decision, rule
 from parallax.planning.rows import rows_can_be_summed
+from parallax.vocabulary import STATEFUL_RANDOM_OP_TYPES, upstream_ops
 
 
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],

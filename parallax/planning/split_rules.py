@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.partitioner import shard_name
+from parallax.vocabulary import FUNCTION_CALL_OPS
 
 # Elementwise ops: computed per shard when every operand not split broadcasts over the rows.
 _ELEMENTWISE = frozenset({
@@ -36,8 +37,6 @@ _SCATTERS = frozenset({"ResourceScatterAdd", "ResourceScatterSub", "ResourceScat
                        "ResourceScatterDiv", "ResourceScatterMin", "ResourceScatterMax",
                        "ResourceScatterUpdate"})
 _PEELED = ("Cast", "Identity")  # looked through when reading a shape
-_FUNCTION_CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile",
-                             "PartitionedCall", "StatefulPartitionedCall"})
 
 
 class NotSplittable(Exception):
@@ -229,7 +228,7 @@ def _handle_rule(op, split, families) -> Step:
     if op.type.startswith(("ResourceSparseApply", "ResourceApply")):
         return _apply_rule(op, split, family)
     taking_it = (" (a function taking it: tf.while_loop, tf.cond)"
-                 if op.type in _FUNCTION_CALLS else "")
+                 if op.type in FUNCTION_CALL_OPS else "")
     raise NotSplittable(f"{op.type} {op.name!r} uses {family.variable!r} (or its slot) in a "
                         f"way Parallax does not rewrite per shard{taking_it}")
 

@@ -11,30 +11,10 @@ from typing import Collection, Dict, Iterable, List, Set
 import numpy as np
 import tensorflow as tf
 
-from parallax.planning.analysis import downstream_ops, is_setting
+from parallax.vocabulary import (INPUT_OP_TYPES, ITERATOR_GET_NEXT_OPS, downstream_ops,
+                                 is_setting, reached)
 
 SHARD_ID_NAME = "parallax_shard_id"  # parallax.num_shards_and_shard_id()'s id constant
-# The ops that give a step its examples: a tf.data iterator's next element, a queue's dequeue
-# (shuffle_batch, batch); Parallax's own queues are not in the user's graph.
-INPUT_OP_TYPES = frozenset({
-    "IteratorGetNext", "IteratorGetNextSync", "QueueDequeue", "QueueDequeueV2",
-    "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2"})
-
-
-def reached(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor]) -> Set[tf.Operation]:
-    """The ops a run of `ops` runs: they and what they wait for, not looking behind the fed
-    tensors."""
-    seen, stack = set(), list(ops)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs if t not in fed)
-        stack.extend(op.control_inputs)
-    return seen
-
-
 def step_inputs(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor],
                 user_ops: Collection[str]) -> List[tf.Tensor]:
     """The outputs of the input ops (of the user's graph, named in `user_ops`) that a run of
@@ -90,7 +70,7 @@ def name_of(tensor: tf.Tensor, fed: bool, taken: bool = False) -> str:
     taken_rows)."""
     op_type = tensor.op.type
     kind = ("feed" if fed else "taken" if taken else "tf.data"
-            if op_type.startswith("IteratorGetNext") else "queue" if op_type in INPUT_OP_TYPES
+            if op_type in ITERATOR_GET_NEXT_OPS else "queue" if op_type in INPUT_OP_TYPES
             else "random")
     return f"{kind} {tensor.name}"
 
@@ -133,7 +113,7 @@ def padding_value(tensor: tf.Tensor):
     """The value the tf.data `padded_batch` behind an iterator's output `tensor` pads with, and
     that op's name; (None, None) where no padded_batch gives it, or where it cannot be told
     (several datasets, a padding value computed at run time, a map after the batch)."""
-    if tensor.op.type not in ("IteratorGetNext", "IteratorGetNextSync"):
+    if tensor.op.type not in ITERATOR_GET_NEXT_OPS:
         return None, None
     definition = tensor.graph.as_graph_def()
     scopes = [{node.name: node for node in definition.node}]

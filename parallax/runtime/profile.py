@@ -27,10 +27,10 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.config import ProfileConfig
 from parallax.planning.traces import covered
+from parallax.vocabulary import INPUT_OP_TYPES, QUEUE_DEQUEUE_OPS, READER_READ_OPS
 
 PHASES = ("input", "pull", "push", "server", "allreduce", "wait_for_chief", "compute")
-_INPUT_TYPES = {"IteratorGetNext", "IteratorGetNextSync", "QueueDequeueV2",
-                "QueueDequeueManyV2", "QueueDequeueUpToV2", "ReaderReadV2"}
+_INPUT_TYPES = INPUT_OP_TYPES | READER_READ_OPS
 
 
 class Profiler:
@@ -102,7 +102,7 @@ def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:
     if "/job:ps/" in device:
         if node.node_name == "RecvTensor" or (
                 op is not None and op.name.startswith("parallax_ps/")
-                and op.type.startswith("QueueDequeue")):
+                and op.type in QUEUE_DEQUEUE_OPS):
             return "push"
         return "server"
     if op is None:  # a worker receives from the servers only (its session's device filters)

@@ -25,9 +25,10 @@ import tensorflow as tf
 
 from parallax import tf_private
 from parallax.contracts import VerifyRun
-from parallax.planning.analysis import STATEFUL_RANDOM_OP_TYPES, GraphAnalysis
+from parallax.planning.analysis import GraphAnalysis
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check
+from parallax.vocabulary import STATEFUL_RANDOM_OP_TYPES, reached
 
 # Random draws of a step: recorded where one value is drawn for each example (dropout's mask,
 # an augmentation's flip), so that one device draws the workers' values for the combined batch.
@@ -122,7 +123,7 @@ class Recorder:
 def step_draws(ops, fed) -> List[tf.Tensor]:
     """The random draws a run of `ops` makes that can be recorded (fetched: not inside a
     loop or a cond)."""
-    return sorted((op.outputs[0] for op in input_check.reached(ops, fed)
+    return sorted((op.outputs[0] for op in reached(ops, fed)
                    if op.type in DRAW_OP_TYPES
                    and tf_private.control_flow_context(op) is None),
                   key=lambda t: t.name)
@@ -185,7 +186,7 @@ class ReplayRunner(tf_private.SessionInterface):
         leaves, _ = fetches_structure.flatten(fetches)
         ops = [self._op(leaf) for leaf in leaves]
         fed = {self.graph.as_graph_element(key) for key in feeds}
-        reached = input_check.reached(ops, fed)
+        reached = reached(ops, fed)
         if self._steps < self.run_settings.steps and reached & self._writes:
             self._steps += 1
             records = [load(os.path.join(folder, f"step{self._steps}.npz"))

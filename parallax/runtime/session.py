@@ -22,6 +22,7 @@ from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check, recording
 from parallax.runtime.steps import Steps
+from parallax.vocabulary import INPUT_OP_TYPES
 
 log = logging.getLogger("parallax")
 # A restore each worker reports to the driver, which stops a job where one worker restored and
@@ -190,7 +191,7 @@ class ParallaxRunner(tf_private.SessionInterface):
                 or (self._recorder is not None and self._recorder.active)):
             return []
         user_ops = {op.name for op in self.graph.get_operations()
-                    if op.type in input_check.INPUT_OP_TYPES}
+                    if op.type in INPUT_OP_TYPES}
         ops, fed = [getattr(f, "op", f) for f in fetches], set(feeds or {})
         found = input_check.step_inputs(ops, fed, user_ops)
         self._taken = (set(input_check.taken_rows(ops, fed, found)) if self._check_input

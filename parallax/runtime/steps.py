@@ -27,9 +27,8 @@ from typing import Dict, Iterable, List
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.planning.analysis import RESTORE_OP_TYPES, upstream_ops
-from parallax.capture import VARIABLE_OP_TYPES
 from parallax.errors import ParallaxError
+from parallax.vocabulary import RESTORE_OP_TYPES, VARIABLE_OP_TYPES, upstream_ops
 from parallax.rewriting.passes.sync import release_step
 
 

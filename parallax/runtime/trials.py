@@ -25,11 +25,11 @@ import tensorflow as tf
 from parallax.errors import ParallaxError
 from parallax.planning.measure import error_reason
 from parallax.runtime.session import ParallaxRunner
+from parallax.vocabulary import ITERATOR_OPS
 
 log = logging.getLogger("parallax")
 # Iterators of tf.data whose position a switch carries over (a one-shot or an initializable
 # iterator of tf.compat.v1.data).
-_ITERATOR_OPS = frozenset({"OneShotIterator", "IteratorV2", "Iterator"})
 
 
 @dataclasses.dataclass
@@ -242,7 +242,7 @@ def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> N
     """Each tf.data iterator of `old` goes on in `new` where it stopped (through a file of this
     worker's own: an iterator's state is a variant tensor, which a session cannot return)."""
     names = sorted(op.name for op in old.transformed_graph.get_operations()
-                   if op.type in _ITERATOR_OPS)
+                   if op.type in ITERATOR_OPS)
     if not names:
         return
     graph = old.transformed_graph

@@ -15,7 +15,7 @@ from typing import Dict, List, Set
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.planning.analysis import consumers, downstream_ops, upstream_ops
+from parallax.vocabulary import consumers, downstream_ops, upstream_ops
 from parallax.planning.plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from parallax import contracts
 from parallax.collectives import Collectives
-from parallax.planning.analysis import upstream_ops
+from parallax.vocabulary import upstream_ops
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass
 from parallax.rewriting.rewire import reroute

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.capture import VARIABLE_OP_TYPES
+from parallax.vocabulary import VARIABLE_OP_TYPES
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.capture import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES
+from parallax.vocabulary import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES
 from parallax.contracts import GradientRecord
 from parallax.rewriting import local_aggregation, row_sums
 from parallax.rewriting.queues import concat_slices, shared_queue

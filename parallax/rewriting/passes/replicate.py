@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax import tf_private
-from parallax.capture import FUNCTION_CALL_OPS
+from parallax.vocabulary import FUNCTION_CALL_OPS
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 

@@ -1,0 +1,100 @@
+"""The graph's vocabulary, for every stage: the kinds of ops Parallax tells apart (variables,
+input, random draws, restores, function calls) and the walks over a graph's ops. A list of op
+types is written here once; the stages import it."""
+from __future__ import annotations
+
+from typing import Collection, Iterable, List, Set
+
+import tensorflow as tf
+
+from parallax import tf_private
+
+# -- op kinds -------------------------------------------------------------------------------
+VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+# Ops that run a function (tf.cond's branches, a while loop's body) on the handles they take.
+FUNCTION_CALL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                               "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
+CONDITIONAL_OPS = frozenset({"If", "StatelessIf"})
+# Where a step's examples enter the graph: a tf.data iterator's next element, a queue's
+# dequeue (shuffle_batch, batch).
+ITERATOR_GET_NEXT_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
+QUEUE_DEQUEUE_OPS = frozenset({
+    "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
+    "QueueDequeueUpTo", "QueueDequeueUpToV2"})
+INPUT_OP_TYPES = ITERATOR_GET_NEXT_OPS | QUEUE_DEQUEUE_OPS
+# A reader's records, which a queue-based pipeline batches before its dequeue.
+READER_READ_OPS = frozenset({"ReaderRead", "ReaderReadV2", "ReaderReadUpTo",
+                             "ReaderReadUpToV2"})
+PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+# What differs from worker to worker as data: fed, read or dequeued.
+DATA_SOURCE_OPS = PLACEHOLDER_OPS | INPUT_OP_TYPES | READER_READ_OPS
+ITERATOR_OPS = frozenset({"OneShotIterator", "IteratorV2", "Iterator"})
+RESTORE_OP_TYPES = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
+# Random ops that draw from a state of their own, which each session starts anew.
+STATEFUL_RANDOM_OP_TYPES = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop"})
+# Ops whose outputs depend on their inputs' shapes alone, not on the values.
+SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+# A scalar division, as a loss divided by a count is.
+DIVIDING_OPS = frozenset({"RealDiv", "Div", "DivNoNan"})
+
+
+def is_setting(op: tf.Operation) -> bool:
+    """A placeholder of one value: a learning rate, a dropout rate, is_training."""
+    return op.type in PLACEHOLDER_OPS and op.outputs[0].shape.rank == 0
+
+
+# -- walks ----------------------------------------------------------------------------------
+def parents(op: tf.Operation) -> List[tf.Operation]:
+    """The ops `op` waits for, by data or control."""
+    return [t.op for t in op.inputs] + list(op.control_inputs)
+
+
+def consumers(op: tf.Operation) -> List[tf.Operation]:
+    """The ops that wait for `op`, by data or control."""
+    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
+
+
+def upstream_ops(ops, stop=frozenset()) -> set:
+    """Every op the ops wait for, by data or control, not looking at or past those in
+    `stop`."""
+    ahead, stack = set(), list(ops)
+    while stack:
+        op = stack.pop()
+        for parent in parents(op):
+            if parent not in ahead and parent not in stop:
+                ahead.add(parent)
+                stack.append(parent)
+    return ahead
+
+
+def downstream_ops(ops, inside=None, until=frozenset()) -> set:
+    """Every op that waits for one of `ops`, by data or control: the twin of upstream_ops (an op
+    of `ops` is in it only where it waits for another). With `inside`, the walk stays inside
+    those ops; with `until`, it stops at the first op of those that it reaches."""
+    after, stack = set(), list(ops)
+    while stack:
+        for consumer in consumers(stack.pop()):
+            if consumer in after or (inside is not None and consumer not in inside):
+                continue
+            after.add(consumer)
+            if consumer in until:
+                return after
+            stack.append(consumer)
+    return after
+
+
+def reached(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor]) -> Set[tf.Operation]:
+    """The ops a run of `ops` runs: they and what they wait for, not looking behind the fed
+    tensors."""
+    seen, stack = set(), list(ops)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs if t not in fed)
+        stack.extend(op.control_inputs)
+    return seen
