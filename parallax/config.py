@@ -48,7 +48,7 @@ class CheckpointConfig:
 
 @dataclasses.dataclass
 class ProfileConfig:
-    """Timelines of chosen runs (parallax/profile.py). profile_dir: where the traces and
+    """Timelines of chosen runs (runtime/profile.py). profile_dir: where the traces and
     phases.jsonl go (created). profile_steps: which runs, counted from 1 in each worker's
     runner.run calls. profile_workers: which workers (ids)."""
 
@@ -75,7 +75,7 @@ class Config:
         'AR' (alias 'MPI', the paper's name): every variable is replicated; dense gradients are
             allreduced and sparse ones allgathered with Horovod.
         'PS': every variable lives on the parameter servers (one per machine).
-        'AUTO': per variable, what the cost model (parallax/cost.py) predicts to be fastest,
+        'AUTO': per variable, what the cost model (planning/cost.py) predicts to be fastest,
             from the rows its gradients have on the first batches (measured by the driver
             before launching) and the cluster's shape: allreduce for dense gradients and for
             sparse ones that are nearly dense, allgather, or a parameter server.
@@ -87,7 +87,7 @@ class Config:
         there instead of streaming it to the driver's terminal.
     ps_config: options of the parameter-server path (PSConfig).
     hierarchical_allreduce: allreduce dense gradients in machine stages (local aggregation for
-        replicated variables, passes/machine_allreduce.py): summed within each machine, then
+        replicated variables, rewriting/machine_allreduce.py): summed within each machine, then
         across machines with each of a machine's G workers carrying 1/G of the sum, then shared
         within the machine. A machine's link carries 2w(H-1)/H bytes of a w-byte gradient
         instead of a ring's 2w(N-1)/N, for three Horovod collectives in sequence instead of
@@ -121,9 +121,9 @@ class Config:
         (from min_partitions to the number of machines), measured by the driver as for AUTO;
         off, min_partitions. With it (and always under AUTO) a sparse variable the user did
         not partition is split in row shards over the servers where the cost model predicts
-        that faster and the workers can split it (passes/split_variables.py).
+        that faster and the workers can split it (rewriting/split_variables.py).
     split_variables: whether sparse variables the user did not partition are split in row
-        shards over the servers (passes/split_variables.py): None (default), where the cost
+        shards over the servers (rewriting/split_variables.py): None (default), where the cost
         model predicts it faster under AUTO or search_partitions; True, every one a server
         holds that can be split, in one shard a machine (the driver checks which can, as for
         AUTO); False, none.

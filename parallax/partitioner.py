@@ -22,7 +22,7 @@ from parallax.errors import ParallaxError
 
 def shard_name(variable: str, j: int) -> str:
     """Shard j of a variable in row shards: TensorFlow's name for a partitioned variable's,
-    which Parallax's own split (passes/split_variables.py) uses too."""
+    which Parallax's own split (rewriting/split_variables.py) uses too."""
     return f"{variable}/part_{j}"
 
 

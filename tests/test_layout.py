@@ -2,6 +2,7 @@
 runner/ starts and supervises processes and knows nothing about graphs."""
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,18 @@ def test_a_pass_before_what_it_needs_is_named():
     with pytest.raises(ParallaxError, match=r"pass aggregate_on_servers needs \['server "
                                             r"variables placed'\], which no pass before it"):
         pipeline.check_order([aggregate_on_servers, place_variables_on_servers])
+
+
+def test_the_paths_named_in_docstrings_and_docs_exist():
+    """A path written in the code's docstrings and comments, or in the docs, names a file of
+    the layout (from the repository's root, or from a folder of it: rewriting/pipeline.py)."""
+    files = [str(p.relative_to(ROOT)) for p in ROOT.glob("**/*.py") if ".venv" not in p.parts]
+    sources = (sorted(ROOT.glob("parallax/**/*.py")) + sorted(ROOT.glob("runner/**/*.py"))
+               + sorted(ROOT.glob("docs/*.md")) + [ROOT / "README.md"])
+    stale = set()
+    for source in sources:
+        for path in re.findall(r"(?<![\w./-])((?:[\w-]+/)+[\w-]+\.py)\b", source.read_text()):
+            if path != "examples/NAME.py" and not any(
+                    f == path or f.endswith("/" + path) for f in files):
+                stale.add(f"{source.relative_to(ROOT)}: {path}")
+    assert not stale, sorted(stale)

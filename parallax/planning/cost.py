@@ -9,7 +9,7 @@ variable, the paper's alpha). The paper's Table 3, counted per machine link:
 
 - allreduce (ring over N workers, a machine's workers adjacent): 2w(N-1)/N each way; in
   machine stages (summed within each machine, then each of its G workers allreduces 1/G of the
-  sum across machines, passes/machine_allreduce.py): 2w(H-1)/H;
+  sum across machines, rewriting/machine_allreduce.py): 2w(H-1)/H;
 - allgather (ring): every worker's rows with indices, q, reach every other worker: (N-1)q;
 - parameter server on machine s: each worker pulls p (the rows it reads; its unique rows
   when it asks for each once) and pushes q; s sends (N-G)p and receives (N-G)q, every other
@@ -344,7 +344,7 @@ def _with_balanced_servers(choice: Dict[str, Method], stats: Dict[str, VariableS
 
 
 BEAM = 16  # partial plans kept while choosing
-# A variable the workers split (passes/split_variables.py) costs, per lookup, a partition of
+# A variable the workers split (rewriting/split_variables.py) costs, per lookup, a partition of
 # the ids and a stitch of the rows, and per step a message and an update per shard, which the
 # model does not price: a plan that splits must be predicted this much faster.
 SPLIT_MARGIN = 0.05

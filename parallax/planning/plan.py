@@ -90,7 +90,7 @@ class Plan:
     decision: Optional[Decision] = None  # run_option='AUTO': what was measured and chosen
     # Config(sync=False): each worker updates the servers' variables with its own gradients
     asynchronous: bool = False
-    # dense gradients allreduced in machine stages (passes/machine_allreduce.py)
+    # dense gradients allreduced in machine stages (rewriting/machine_allreduce.py)
     hierarchical_allreduce: bool = False
     # The workers build another graph than the driver's: the search gave
     # parallax.get_partitioner's calls other shard counts, which only the workers' graph code

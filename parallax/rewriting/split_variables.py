@@ -1,6 +1,6 @@
 """Splitting a variable the user did not partition into row shards, one per server, inside the
 worker's copy of the graph: a partitioned variable, as the user could have built with a
-partitioner and partition_strategy='mod', for a table the cost model (parallax/cost.py)
+partitioner and partition_strategy='mod', for a table the cost model (planning/cost.py)
 predicts faster split.
 
 Row r of a variable split in k lives in shard r % k, at row r // k (TensorFlow's 'mod'
