@@ -139,7 +139,7 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
         if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
             return monitored.monitored_session(
                 recording.ReplayRunner(graph, analysis, verify_run), **arguments)
-        driver.run(graph, analysis, resources, config, needs_collectives=True)
+        driver.run(graph, analysis, resources, config)
     process = _process()
     runner = worker.start(process, graph, analysis, config, needs_collectives=True)
     return monitored.monitored_session(

@@ -22,15 +22,12 @@ from parallax.planning.search import choose
 from parallax.rewriting.split_variables import copy_and_split
 
 
-def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config,
-        needs_collectives: bool = False) -> NoReturn:
-    """`needs_collectives`: the workers join the collectives whatever the plan (a monitored
-    session agrees on stopping through them)."""
+def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
+        ) -> NoReturn:
     plans = make_job_plans(graph, analysis, resources, config)
     for warning in warnings(plans[0], analysis):
         launch.say(f"warning: {warning}")
     launch.run_driver(resources, config, bool(plans[0].cluster.servers),
-                      needs_collectives or any(plan.uses_collectives for plan in plans),
                       contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))

@@ -77,8 +77,8 @@ def _remote_shell(resources: str, config: Config) -> Shell:
         raise ParallaxError(str(error)) from None
 
 
-def run_driver(resources: str, config: Config, with_servers: bool, with_collectives: bool,
-               job_env: Dict[str, str]) -> NoReturn:
+def run_driver(resources: str, config: Config, with_servers: bool, job_env: Dict[str, str]
+               ) -> NoReturn:
     """Run the job (again, up to config.max_restarts times, when it fails) and exit with its
     status. `job_env` (the plan) goes to every process of the job."""
     hosts = load_resources(resources)
@@ -93,8 +93,7 @@ def run_driver(resources: str, config: Config, with_servers: bool, with_collecti
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(config.max_restarts + 1):
         try:
-            _run_job(hosts, address, config, shell, with_servers, with_collectives, attempt,
-                     job_env)
+            _run_job(hosts, address, config, shell, with_servers, attempt, job_env)
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == config.max_restarts:
@@ -130,7 +129,7 @@ def _exit(code: int) -> NoReturn:
 
 
 def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
-             with_collectives: bool, attempt: int, job_env: Dict[str, str]) -> None:
+             attempt: int, job_env: Dict[str, str]) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
@@ -146,12 +145,11 @@ def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
     if config.redirect_path:
         os.makedirs(config.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        rendezvous = None
-        if with_collectives:
-            per_host: Dict[str, int] = {}
-            for _, host, _ in slots:
-                per_host[host.name] = per_host.get(host.name, 0) + 1
-            rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
+        # Always: a get_runner after the first may need the collectives its plan did not.
+        per_host: Dict[str, int] = {}
+        for _, host, _ in slots:
+            per_host[host.name] = per_host.get(host.name, 0) + 1
+        rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
         specs = [_server_spec(index, host.name, cluster, config, shell)
                  for index, host in enumerate(hosts) if with_servers]
         specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, config, shell)
@@ -256,10 +254,9 @@ def _server_spec(index: int, host: str, cluster: Cluster, config: Config, shell)
 def _worker_spec(rank, host, slot, cluster, rendezvous, config, shell) -> ProcessSpec:
     env = _job_env(Cluster(cluster.worker_machines, cluster.servers, cluster.workers, rank),
                    "worker")
-    if rendezvous is not None:
-        # Loopback 'machines' share this machine's 'lo'; a remote rank's gloo resolves its own
-        # host name to find its address.
-        env.update(rendezvous.env_for_rank(rank, gloo_iface="lo" if is_local(host) else None))
+    # Loopback 'machines' share this machine's 'lo'; a remote rank's gloo resolves its own host
+    # name to find its address.
+    env.update(rendezvous.env_for_rank(rank, gloo_iface="lo" if is_local(host) else None))
     env["CUDA_VISIBLE_DEVICES"] = str(slot)
     # orig_argv keeps interpreter options and '-m module', so the worker runs what the user ran.
     spec = _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,

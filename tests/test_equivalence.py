@@ -1,6 +1,7 @@
 """Data-parallel training must be numerically single-device training on the combined batch:
 for every run option, optimizer, with and without clip_by_global_norm, with moving averages,
 and with the graph built after tf.compat.v1.disable_v2_behavior() (equivalence.TF1_CONFIGS)."""
+import functools
 import os
 import re
 
@@ -16,29 +17,34 @@ pytestmark = pytest.mark.job
 equivalence = load_workload("equivalence")
 TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
 
+# Jobs with the same settings train several models, one get_runner each in turn (the
+# first of a HYBRID job has an embedding, so that the job has servers): name: (models,
+# resources, extra arguments).
+GROUPS = {
+    "AR": (["dense", "sparse", "keras", "lstm", "lookup-sparse", "seq2seq"], "localhost:0,1",
+           ["--run-option", "MPI"]),  # the paper's name of AR
+    "PS": (["sparse", "lstm", "seq2seq"], TWO_MACHINES, ["--run-option", "PS"]),
+    # The embedding's gradient fetched with the train op, as a script inspects it: the
+    # aggregate, whole (and stitched from its shards in the split jobs below).
+    # A Keras 3 Embedding layer (the text-classification tutorials'): its gather's gradient
+    # is sparse, so the table goes to a server and the Dense kernels are allreduced.
+    "HYBRID": (["sparse", "lstm", "keras-embedding", "lookup-sparse", "seq2seq"], TWO_MACHINES,
+               ["--run-option", "HYBRID", "--fetch-gradients"]),
+}
 JOBS = {
-    # name: (model, resources, extra arguments)
-    "AR-dense": ("dense", "localhost:0,1", ["--run-option", "AR"]),
-    "AR-sparse": ("sparse", "localhost:0,1", ["--run-option", "MPI"]),
-    "AR-keras": ("keras", "localhost:0,1", ["--run-option", "AR"]),
-    "PS": ("sparse", TWO_MACHINES, ["--run-option", "PS"]),
+    # name: (model, resources, extra arguments), or (model, group) for a model of a group
+    **{f"AR-{model}": (model, "AR") for model in GROUPS["AR"][0]},
+    "PS": ("sparse", "PS"), "PS-lstm": ("lstm", "PS"), "PS-seq2seq": ("seq2seq", "PS"),
+    "HYBRID": ("sparse", "HYBRID"),
+    **{f"HYBRID-{model}": (model, "HYBRID") for model in GROUPS["HYBRID"][0][1:]},
     "PS-no-local-aggregation": ("sparse", TWO_MACHINES,
                                 ["--run-option", "PS", "--ps-off", "local_aggregation"]),
     "PS-no-optimizations": ("sparse", TWO_MACHINES, [
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
         "boundary_between_workers_and_servers"]),
-    # The embedding's gradient fetched with the train op, as a script inspects it: the
-    # aggregate, whole (and stitched from its shards in the split jobs below).
-    "HYBRID": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--fetch-gradients"]),
-    "PS-lstm": ("lstm", TWO_MACHINES, ["--run-option", "PS"]),
-    "HYBRID-lstm": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID"]),
-    "AR-lstm": ("lstm", "localhost:0,1", ["--run-option", "AR"]),
-    # A Keras 3 Embedding layer (the text-classification tutorials'): its gather's gradient
-    # is sparse, so the table goes to a server and the Dense kernels are allreduced.
-    "HYBRID-keras-embedding": ("keras-embedding", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
-    # Dense gradients allreduced in machine stages (passes/machine_allreduce.py).
+    # Dense gradients allreduced in machine stages (rewriting/machine_allreduce.py).
     "AR-machine-stages": ("dense", TWO_MACHINES, ["--run-option", "AR",
                                                   "--hierarchical-allreduce"]),
     "HYBRID-lstm-machine-stages": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID",
@@ -50,14 +56,12 @@ JOBS = {
                                                      "--rejoin-horovod"]),
     # Ids made unique before the lookup (embedding_lookup_sparse): one device's gradient has
     # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
-    "AR-lookup-sparse": ("lookup-sparse", "localhost:0,1", ["--run-option", "AR"]),
-    "HYBRID-lookup-sparse": ("lookup-sparse", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "PS-lookup-sparse-no-local-aggregation": ("lookup-sparse", TWO_MACHINES, [
         "--run-option", "PS", "--ps-off", "local_aggregation"]),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
     "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
     # The embedding, which the user did not partition, split over both servers
-    # (Config.split_variables, passes/split_variables.py); its checkpoints load into the
+    # (Config.split_variables, rewriting/split_variables.py); its checkpoints load into the
     # single-device graph.
     "HYBRID-split": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--split-variables",
                                               "--checkpoint", "--fetch-gradients"]),
@@ -66,11 +70,9 @@ JOBS = {
         "--fetch-gradients"]),
     # A loss normalized by the tokens that are not padding, each worker's count its own:
     # divided by the combined batch's count, as on one device (passes/loss_denominators.py).
-    "AR-seq2seq": ("seq2seq", "localhost:0,1", ["--run-option", "AR"]),
-    "PS-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "PS"]),
-    "HYBRID-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "HYBRID"]),
     "AUTO-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
+_group_runs = {}  # group name: its job's folder
 
 
 def _workers(resources):
@@ -79,21 +81,48 @@ def _workers(resources):
 
 @pytest.fixture(scope="module", params=list(JOBS))
 def job(request, tmp_path_factory):
-    """One job per setting trains every optimizer configuration."""
-    model, resources, extra = JOBS[request.param]
-    out = tmp_path_factory.mktemp(request.param)
-    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", model,
-                     "--resources", resources, "--out", str(out), *extra, timeout=600)
+    """One job per setting trains every optimizer configuration (a group's job, every model
+    of the group: run once, for its first model's tests)."""
+    model, *setting = JOBS[request.param]
+    if len(setting) == 1:
+        group = setting[0]
+        models, resources, extra = GROUPS[group]
+        if group not in _group_runs:  # a failed job is not run again for the next model
+            _group_runs[group] = tmp_path_factory.mktemp(group)
+            _run(",".join(models), resources, extra, _group_runs[group])
+        out = _group_runs[group] / model
+        assert (out / "output.txt").exists(), f"the {group} job failed: see its first test"
+    else:
+        resources, extra = setting
+        out = _run(model, resources, extra, tmp_path_factory.mktemp(request.param))
+    return model, _workers(resources), out, "--fetch-gradients" in extra
+
+
+def _run(models, resources, extra, out):
+    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", models,
+                     "--resources", resources, "--out", str(out), *extra, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (out / "output.txt").write_text(result.stdout)
-    return model, _workers(resources), out, "--fetch-gradients" in extra
+    if "," in models:  # each model's part of it, up to the chief's line that it is trained
+        rest = result.stdout
+        for model in models.split(","):
+            part, _, rest = rest.partition(f":worker:0] {model}: trained")
+            (out / model / "output.txt").write_text(part)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _single_device(model, config, batch, fetch_gradients=False):
+    """One device's training (the same for every job of a model and a number of workers)."""
+    return equivalence.train_single_device(model, config, batch,
+                                           fetch_gradients=fetch_gradients)
 
 
 @pytest.mark.parametrize("config", equivalence.CONFIGS)
 def test_workers_equal_single_device(job, config):
     model, workers, out, fetch_gradients = job
-    expected, expected_steps = equivalence.train_single_device(
-        model, config, workers * equivalence.BATCH_PER_WORKER, fetch_gradients=fetch_gradients)
+    expected, expected_steps = _single_device(
+        model, config, workers * equivalence.BATCH_PER_WORKER, fetch_gradients)
     assert any(n.startswith("gradient_sum/") for n in expected) == fetch_gradients
     assert expected_steps == list(range(1, equivalence.STEPS + 1))
     # of the resource variables: none under TF1 behaviour (see equivalence.build)
@@ -167,8 +196,7 @@ def test_an_embedding_is_split_over_both_servers(job):
 @pytest.mark.parametrize("config", equivalence.CONFIGS)
 def test_checkpoints_of_a_split_embedding_load_into_the_single_device_graph(job, config):
     _, workers, out, _ = job
-    expected, _ = equivalence.train_single_device(
-        "sparse", config, workers * equivalence.BATCH_PER_WORKER)
+    expected, _ = _single_device("sparse", config, workers * equivalence.BATCH_PER_WORKER)
     with equivalence.behaviour(config in equivalence.TF1_CONFIGS):  # as the job built it
         graph, _, _ = equivalence.build("sparse", config, equivalence.BATCH_PER_WORKER,
                                         shard=False)

@@ -62,6 +62,10 @@ class HorovodCollectives(Collectives):
         sets = [hvd.ProcessSet(group) for group in self._groups] if stages else []
         hvd.init(process_sets=sets)
         self._joined_with_stages = stages
+        if hvd.size() != self.cluster.num_workers:
+            raise ParallaxError(f"Horovod started with {hvd.size()} of the job's "
+                                f"{self.cluster.num_workers} workers: this process was not "
+                                "started by Parallax's launcher with the job's rendezvous")
         if [s.process_set_id for s in sets] != list(range(1, len(sets) + 1)):
             raise ParallaxError(f"Horovod numbered the process sets of the machine stages "
                                 f"{[s.process_set_id for s in sets]}, not 1 to {len(sets)} in "

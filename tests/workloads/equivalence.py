@@ -125,6 +125,10 @@ def _lstm(sequence):
         recurrent_initializer=_keras_initial([HIDDEN, 4 * HIDDEN], 6))(sequence)
 
 
+MODELS = ("dense", "sparse", "keras", "keras-embedding", "lstm", "partitioned", "two-tables",
+          "lookup-sparse", "seq2seq")
+
+
 def build(model, config, batch, shard, loss_scale=1.0):
     """The single-device graph: same code for the reference and for every worker."""
     optimizer_name, _, clip = config.partition("+")
@@ -274,9 +278,9 @@ def train_single_device(model, config, batch, loss_scale=1.0, fetch_gradients=Fa
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True,
-                        choices=["dense", "sparse", "keras", "keras-embedding", "lstm",
-                                 "partitioned", "two-tables", "lookup-sparse", "seq2seq"])
+    parser.add_argument("--model", required=True, type=lambda text: text.split(","),
+                        help="a model, or several joined by commas, each trained in every "
+                             "config in turn, its results in OUT/MODEL/: " + ", ".join(MODELS))
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
@@ -309,6 +313,9 @@ def main():
                         "again with the process sets), then Horovod left, as after AUTO's "
                         "trials kept a plan without it, and joined again by the third's")
     args = parser.parse_args()
+    unknown = set(args.model) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}")
     if args.dense_ids:
         set_dense_ids()
     tf.compat.v1.disable_eager_execution()
@@ -319,26 +326,34 @@ def main():
         hierarchical_allreduce=True if args.hierarchical_allreduce else None,
         trial_steps=args.trial_steps, trial_retime_within=args.trial_retime_within,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
+    for model in args.model:
+        out = os.path.join(args.out, model) if len(args.model) > 1 else args.out
+        os.makedirs(out, exist_ok=True)
+        _train_configs(model, args, config_of_job, out)
+
+
+def _train_configs(model, args, config_of_job, out):
+    """`model` trained in each of args.configs, one get_runner each; every worker's variables
+    and global steps in OUT/CONFIG.workerK.npz."""
     for index, config in enumerate(args.configs):
         with behaviour(config in TF1_CONFIGS):
-            graph, train_op, global_step = build(args.model, config, BATCH_PER_WORKER,
-                                                 shard=True)
+            graph, train_op, global_step = build(model, config, BATCH_PER_WORKER, shard=True)
             if args.rejoin_horovod:
                 config_of_job.hierarchical_allreduce = index == 1
             if args.checkpoint:  # saved when the runner closes
                 config_of_job.ckpt_config = parallax.CheckpointConfig(
-                    ckpt_dir=os.path.join(args.out, "ckpt", config))
+                    ckpt_dir=os.path.join(out, "ckpt", config))
             runner = parallax.get_runner(graph, args.resources, config_of_job)
             values, steps = _train(runner.run, graph, train_op, global_step,
                                    args.fetch_gradients)
-            np.savez(os.path.join(args.out, f"{config}.worker{runner.worker_id}.npz"),
+            np.savez(os.path.join(out, f"{config}.worker{runner.worker_id}.npz"),
                      global_steps=np.array(steps), **{f"var/{k}": v for k, v in values.items()})
             runner.close()
         if args.rejoin_horovod and index == 1:
             from parallax import api  # pylint: disable=C0415
 
             api._process().collectives.leave()  # noqa: SLF001
-
+    print(f"{model}: trained", flush=True)
 
 if __name__ == "__main__":
     main()
