@@ -170,9 +170,9 @@ def messages(var: VariableStats, method: Method, cluster: Shape) -> int:
     return 2  # a push and a pull, to every shard at once
 
 
-# Machine stages are three Horovod collectives in sequence where a ring is one, each waiting for
-# a cycle of Horovod's background thread (5 ms, machine_allreduce.CYCLE_TIME_MS): measured on the
-# benchmark, 12 ms more a step on LM (66 kB fewer, 5 ms of link) and 25 ms less on NMT (411 kB).
+# Machine stages are three collectives in sequence where a ring is one, each waiting for a
+# cycle of Horovod's background thread (collectives/horovod.py's CYCLE_TIME_MS; measured on
+# lm and nmt: benchmarks/HISTORY.md).
 MACHINE_STAGES_SECONDS = 2 * 5e-3
 
 
@@ -350,8 +350,7 @@ BEAM = 16  # partial plans kept while choosing
 SPLIT_MARGIN = 0.05
 # The model does not see when in the step each sparse gradient is ready: a table's shards over
 # the servers keep both directions of a link busy as its rows are pushed, which HYBRID's
-# placement does. Measured on nmt: 222-234 ms a step with HYBRID's, 238-246 ms with the
-# model's (three of four shards of each table on one server), predicted within 0.05%.
+# placement does (measured on nmt: benchmarks/HISTORY.md).
 PLACEMENT_MARGIN = 0.05
 
 

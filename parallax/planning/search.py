@@ -121,8 +121,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     alternatives = []
     # Timed on the cluster where the model is unsure: a plan with servers, or one allreducing
     # or allgathering a sparse table, which servers may serve faster where a step is bound by
-    # CPU rather than bytes (tags at 10 Gbit: 16 ms a step with PS's rule, 20 with all
-    # allreduced). A dense model's allreduce is not.
+    # CPU rather than bytes (benchmarks/HISTORY.md: tags). A dense model's allreduce is not.
     unsure = run_option == "AUTO" and (
         any(m.how == cost.PS for m in chosen.values()) or bool(analysis.sparse))
     untried = _why_untried(graph, analysis) if unsure else None
@@ -156,8 +155,8 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
 
 # The plans AUTO also times on the cluster (Config.trial_steps) where the cost model is unsure
 # (decide), as (name, how dense variables and how sparse ones are synchronized): the
-# run options' rules. PS's wins where a step is bound by CPU rather than bytes (nmt at 1 and
-# 10 Gbit on this machine's 2 shared cores: 102 and 92 ms against AUTO's 109 and 116).
+# run options' rules. PS's wins where a step is bound by CPU rather than bytes (nmt on shared
+# cores: benchmarks/HISTORY.md).
 ALTERNATIVES = (("AR's rule", cost.ALLREDUCE, cost.ALLGATHER),
                 ("HYBRID's rule", cost.ALLREDUCE, cost.PS),
                 ("PS's rule", cost.PS, cost.PS))

@@ -37,8 +37,7 @@ class Quiet:
     """Leaving the job's collectives (Horovod) for the trial of a plan whose steps use none.
     Idle, Horovod's background thread still coordinates the workers every cycle, CPU the steps
     lose on shared cores, and such a plan, once kept, runs without it (worker.py): timed with
-    it, PS's rule ran 5-10% slower in the trials than in Parallax PS's own job (nmt at 1 and 10
-    Gbit, 122-127 ms a step against 114-115), and AUTO kept a slower plan."""
+    it, it would be timed slower than it runs (benchmarks/HISTORY.md)."""
     idle: List[bool]  # per candidate: its steps use no collective
     leave: Callable[[], bool]  # whether it left (not where another runner uses Horovod)
     join: Callable[[], None]  # the switches and the agreement need the collectives
@@ -138,8 +137,7 @@ class TrialRunner(ParallaxRunner):
         the two nearest, or to the fastest plan."""
         # The first half of a plan's steps are not timed: its session's first runs (graph
         # optimization, connections, allocations), then steps that get faster for a while (a
-        # plan with every variable on servers, lm at 1 Gbit: 57 ms a step in its 3rd to 12th,
-        # 50 after; timed from its 3rd, AUTO kept a plan 15% slower).
+        # plan with every variable on servers: benchmarks/HISTORY.md).
         timed = self._times[len(self._times) // 2:]
         self._candidates[self._index].rounds.append(statistics.median(timed))
         self._times = []

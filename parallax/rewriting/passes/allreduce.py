@@ -74,8 +74,8 @@ def _aggregate_sparse_as_dense(graph, record, average, var_plan, plan, collectiv
     Summing rows of one id is only allowed where the model just adds them into the variable
     (rows_can_be_summed, checked when AUTO chose this); where the model takes the L2 norm of
     every row (clip_by_global_norm on one device), it travels in one more row. The counts
-    join the rows after their sums, not before: on the tags benchmark, concatenating the
-    batch's rows first cost a worker 0.2-0.3 ms of CPU a step, a fifth of its compute.
+    join the rows after their sums, not before: concatenating the batch's rows first costs a
+    worker CPU in every step (benchmarks/HISTORY.md: tags).
     A mean is taken as the dense gradients' is (Horovod fuses only allreduces of one reduce
     op: a sum beside them would be a second ring of its own each step). The counts are then
     means too, still > 0 exactly where a worker touched the row."""

@@ -13,8 +13,7 @@ of the combined one, whose gradients Parallax averages).
 A fused batch norm (FusedBatchNorm*, training mode: tf.compat.v1.layers' and tf_keras's on 4-D
 inputs) computes its statistics inside one kernel: its outputs and its gradient op's are
 replaced by the same computation written out, over the combined batch, with one collective
-each way (each is a wait for every worker, in sequence from layer to layer: four made cnn-bn's
-step 585 ms at 10 Gbit, two 517, against 254 unsynchronized). Forward: y, and the batch mean
+each way (each is a wait for every worker, in sequence from layer to layer). Forward: y, and the batch mean
 and variance the moving averages take (Bessel's correction on the combined count, and the
 kernel's exponential_avg_factor), from every worker's count, mean and mean of squares, as
 Horovod's own SyncBatchNormalization combines them. Backward, for N examples in all and x^ the
