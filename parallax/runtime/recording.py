@@ -186,13 +186,13 @@ class ReplayRunner(tf_private.SessionInterface):
         leaves, _ = fetches_structure.flatten(fetches)
         ops = [self._op(leaf) for leaf in leaves]
         fed = {self.graph.as_graph_element(key) for key in feeds}
-        reached = reached(ops, fed)
-        if self._steps < self.run_settings.steps and reached & self._writes:
+        runs = reached(ops, fed)
+        if self._steps < self.run_settings.steps and runs & self._writes:
             self._steps += 1
             records = [load(os.path.join(folder, f"step{self._steps}.npz"))
                        for folder in self._workers]
             if self._steps == 1:
-                self._start(reached, set(records[0]))
+                self._start(runs, set(records[0]))
             combined = self._combined_inputs(records)
             feeds = {key: value for key, value in feeds.items()
                      if self.graph.as_graph_element(key) not in combined}
@@ -224,16 +224,16 @@ class ReplayRunner(tf_private.SessionInterface):
         element = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
         return getattr(element, "op", element)
 
-    def _start(self, reached, recorded) -> None:
+    def _start(self, runs, recorded) -> None:
         """Before the first training step (whose `recorded` inputs are named): what makes it
         incomparable, then the chief's values."""
-        drawn = sorted(op.name for op in reached if op.type in DRAW_OP_TYPES
+        drawn = sorted(op.name for op in runs if op.type in DRAW_OP_TYPES
                        and op.outputs[0].name not in recorded)
         if drawn:
             self._stop(f"the step draws random numbers inside a loop or a cond ({drawn[0]!r}), "
                        "which verify cannot record: each worker draws its own, one device "
                        "would draw others")
-        other = sorted((op.type, op.name) for op in reached if op.type in UNCOMPARABLE_OP_TYPES)
+        other = sorted((op.type, op.name) for op in runs if op.type in UNCOMPARABLE_OP_TYPES)
         if other:
             why = ("runs Python inside the graph, whose input verify cannot record" if "Py" in
                    other[0][0] else "draws random numbers that are not one per example: "
