@@ -22,8 +22,6 @@ from parallax import contracts, tf_private
 from parallax.contracts import GradientRecord
 from parallax.vocabulary import VARIABLE_OP_TYPES
 
-# The ops that are variables, resource (VarHandleOp) or reference (VariableV2, Variable).
-
 
 def _variable_op_name(x) -> Optional[str]:
     """The variable op behind a gradient source, or None when `x` is not a variable."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import os
 import re
 import shutil
 import subprocess

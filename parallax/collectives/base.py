@@ -45,11 +45,6 @@ class Collectives(abc.ABC):
         """An op that assigns the chief's values to `variables` on every worker."""
 
     # -- the process's membership ---------------------------------------------------------
-    @property
-    @abc.abstractmethod
-    def joined(self) -> bool:
-        """Whether this process is in the library's group now."""
-
     @abc.abstractmethod
     def join(self, stages: bool) -> None:
         """Join the other workers (they all call it at the same point), with the groups of the

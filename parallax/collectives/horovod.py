@@ -45,10 +45,6 @@ class HorovodCollectives(Collectives):
     def broadcast_variables(self, variables: List[tf.Variable]) -> tf.Operation:
         return hvd.broadcast_variables(variables, 0)
 
-    @property
-    def joined(self) -> bool:
-        return hvd.is_initialized()
-
     def join(self, stages: bool) -> None:
         if hvd.is_initialized() and (self._joined_with_stages or not stages):
             return

@@ -6,7 +6,7 @@ so once when every worker's are equal (`warning`, runner.control.identical_diges
 from __future__ import annotations
 
 import hashlib
-from typing import Collection, Dict, Iterable, List, Set
+from typing import Collection, Dict, Iterable, List
 
 import numpy as np
 import tensorflow as tf
@@ -116,15 +116,12 @@ def padding_value(tensor: tf.Tensor):
     if tensor.op.type not in ITERATOR_GET_NEXT_OPS:
         return None, None
     definition = tensor.graph.as_graph_def()
-    scopes = [{node.name: node for node in definition.node}]
-    scopes += [{node.name: node for node in function.node_def}
-               for function in definition.library.function]
-    functions = {f.signature.name: (f, scope) for f, scope in
-                 zip(definition.library.function, scopes[1:])}
-    nodes = scopes[0]
+    nodes = {node.name: node for node in definition.node}
     iterator = nodes[_source(nodes[tensor.op.name].input[0])]
     if iterator.op == "OneShotIterator":  # the dataset is made by a function
-        function, nodes = functions[iterator.attr["dataset_factory"].func.name]
+        factory = iterator.attr["dataset_factory"].func.name
+        function = next(f for f in definition.library.function if f.signature.name == factory)
+        nodes = {node.name: node for node in function.node_def}
         datasets = [_source(value) for value in function.ret.values()]
     else:
         datasets = [_source(node.input[0]) for node in nodes.values()

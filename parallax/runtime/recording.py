@@ -153,7 +153,7 @@ class ReplayRunner(tf_private.SessionInterface):
         self._writes = {graph.get_operation_by_name(name) for name in analysis.training_writes}
         self._workers = worker_folders(run.folder)
         self._steps = 0
-        self._padded = set()  # the inputs padded to join them, named once in NOTES
+        self._paddings = {}  # input name: (padding value, what it is), once padded; in NOTES
         self._coordinator = tf.compat.v1.train.Coordinator()
         self._threads = []
         if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
@@ -279,27 +279,32 @@ class ReplayRunner(tf_private.SessionInterface):
             self._stop(f"the workers' {tensor.name!r} of step {self._steps} cannot be joined "
                        f"along the batch axis (shapes {[p.shape for p in parts]})")
         longest = tuple(max(sizes) for sizes in zip(*shapes))
-        if drawn:
-            value, source = 0, "0 where they are padding, a value one device could draw"
-        else:
-            value, source = input_check.padding_value(tensor)
-            if source is None:
-                self._stop(f"the workers' {tensor.name!r} of step {self._steps} cannot be "
-                           f"joined along the batch axis (shapes {[p.shape for p in parts]}): "
-                           "they are not padded by a tf.data padded_batch that verify can find "
-                           "(one before the iterator, with a constant padding value)")
-            value = value.item()
-            source = (f"{value!r}, the padding value of {source!r}, as one device pads the "
-                      "combined batch")
+        first = tensor.name not in self._paddings
+        if first:
+            self._paddings[tensor.name] = self._padding(tensor, parts, drawn)
+        value, source = self._paddings[tensor.name]
         joined = np.concatenate([np.pad(part, [(0, 0)] + [
             (0, size - have) for size, have in zip(longest, part.shape[1:])],
             constant_values=value) for part in parts])
-        if tensor.name not in self._padded:
-            self._padded.add(tensor.name)
+        if first:
             with open(os.path.join(self.run_settings.folder, NOTES), "a") as out:
                 out.write(f"the workers' {tensor.name!r} of step {self._steps} padded to "
                           f"{joined.shape} with {source}\n")
         return joined
+
+    def _padding(self, tensor: tf.Tensor, parts: List[np.ndarray], drawn: bool):
+        """What `tensor`'s parts are padded with, and what that value is (for NOTES)."""
+        if drawn:
+            return 0, "0 where they are padding, a value one device could draw"
+        value, source = input_check.padding_value(tensor)
+        if source is None:
+            self._stop(f"the workers' {tensor.name!r} of step {self._steps} cannot be "
+                       f"joined along the batch axis (shapes {[p.shape for p in parts]}): "
+                       "they are not padded by a tf.data padded_batch that verify can find "
+                       "(one before the iterator, with a constant padding value)")
+        value = value.item()
+        return value, (f"{value!r}, the padding value of {source!r}, as one device pads the "
+                       "combined batch")
 
     def _stop(self, problem: str) -> None:
         with open(os.path.join(self.run_settings.folder, "problem.txt"), "w") as out:

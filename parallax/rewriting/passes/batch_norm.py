@@ -13,10 +13,10 @@ of the combined one, whose gradients Parallax averages).
 A fused batch norm (FusedBatchNorm*, training mode: tf.compat.v1.layers' and tf_keras's on 4-D
 inputs) computes its statistics inside one kernel: its outputs and its gradient op's are
 replaced by the same computation written out, over the combined batch, with one collective
-each way (each is a wait for every worker, in sequence from layer to layer). Forward: y, and the batch mean
-and variance the moving averages take (Bessel's correction on the combined count, and the
-kernel's exponential_avg_factor), from every worker's count, mean and mean of squares, as
-Horovod's own SyncBatchNormalization combines them. Backward, for N examples in all and x^ the
+each way (each is a wait for every worker, in sequence from layer to layer). Forward: y, and
+the batch mean and variance the moving averages take (Bessel's correction on the combined
+count, and the kernel's exponential_avg_factor), from every worker's count, mean and mean of
+squares, as Horovod's own SyncBatchNormalization combines them. Backward, for N examples in all and x^ the
 normalized input: dx = scale / std * (dy - sum(dy) / N - x^ * sum(dy * x^) / N), the sums over every
 worker (each worker's dy being its share of the combined loss's, times the number of workers);
 the gradients of scale and offset are this worker's sums, which Parallax averages.
