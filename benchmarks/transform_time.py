@@ -41,7 +41,7 @@ def main():
         graph = resnet50_graph()
         start = time.perf_counter()
         analysis = analyze(graph)
-        plan = make_plan(analysis, parallax.Config(run_option=run_option), CLUSTER)
+        plan = make_plan(analysis, parallax.Config(run_option=run_option).plan_options, CLUSTER)
         planned = time.perf_counter()
         transform(graph, plan)
         done = time.perf_counter()

@@ -5,22 +5,15 @@
     runner = parallax.get_runner(graph, "localhost:0,1")
     runner.run(train_op)
 """
-from runner.control import start_heartbeat
+from parallax import capture
 
-start_heartbeat()  # first: in a process of a job, the driver hears from it from now on
-
-from parallax import capture  # noqa: E402
-
-capture.install()
+capture.install()  # the one thing importing does: gradients built from here on are recorded
 
 from parallax.api import (MonitoredTrainingSession, get_runner,  # noqa: E402
                           num_shards_and_shard_id, num_workers, shard)  # (after the capture hook)
 from parallax.config import CheckpointConfig, Config, ProfileConfig, PSConfig  # noqa: E402
 from parallax.errors import ParallaxError  # noqa: E402
 from parallax.partitioner import get_partitioner  # noqa: E402
-from parallax.runtime.session import install_chief_only_saves  # noqa: E402
-
-install_chief_only_saves()
 
 __all__ = ["get_runner", "MonitoredTrainingSession", "shard", "num_workers",
            "num_shards_and_shard_id", "get_partitioner", "Config", "PSConfig", "CheckpointConfig",

@@ -2,35 +2,41 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Optional, Tuple, Union
 
 import tensorflow as tf
 
-from parallax import contracts, driver, verify, worker
+from parallax import contracts, driver, worker
 from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
 from parallax.runtime import monitored, recording
 from runner import slurm
-from runner.control import start_heartbeat
+from runner.control import Heartbeat
 
 _worker_process: Optional[worker.WorkerProcess] = None  # this process's, once it is a worker
 
 
 def _process() -> worker.WorkerProcess:
-    """The state of this worker process that outlives a get_runner call (worker.py)."""
+    """The state of this worker process that outlives a get_runner call (worker.py), made at
+    the script's first Parallax call: from then on the driver hears from the process."""
     global _worker_process  # pylint: disable=global-statement
     if _worker_process is None:
-        _worker_process = worker.WorkerProcess(start_heartbeat())
+        _worker_process = worker.WorkerProcess(Heartbeat.from_env())
     return _worker_process
+
+
+def _count_and_id() -> Tuple[int, int]:
+    if contracts.role() == "worker":
+        _process()
+    return worker.count_and_id()
 
 
 def shard(dataset):
     """This worker's disjoint share of `dataset`: every num_workers-th element from its id.
     `dataset` is a tf.data.Dataset, or a list of file names (for a queue-based pipeline's
     tf.compat.v1.train.string_input_producer), which is shared out whole files each."""
-    num_workers, worker_id = worker.count_and_id()
+    num_workers, worker_id = _count_and_id()
     if isinstance(dataset, tf.data.Dataset):
         return dataset if num_workers == 1 else dataset.shard(num_workers, worker_id)
     if isinstance(dataset, (list, tuple)) and all(isinstance(f, (str, bytes)) for f in dataset):
@@ -49,14 +55,14 @@ def shard(dataset):
 def num_workers() -> int:
     """The number of workers of the job, for graph code that counts in steps of the combined
     batch (decay_steps); 1 in the driver, which builds the graph only to analyze it."""
-    return worker.count_and_id()[0]
+    return _count_and_id()[0]
 
 
 def num_shards_and_shard_id() -> Tuple[tf.Tensor, tf.Tensor]:
     """The number of workers and this worker's id, as int64 tensors of the default graph: for
     input code in the graph that shards by itself (a filename queue, `Dataset.shard`,
     arithmetic on a global index). (1, 0) in the driver and outside a job."""
-    num_workers_, worker_id = worker.count_and_id()
+    num_workers_, worker_id = _count_and_id()
     return (tf.constant(num_workers_, tf.int64, name="parallax_num_shards"),
             tf.constant(worker_id, tf.int64, name="parallax_shard_id"))
 
@@ -82,7 +88,8 @@ def get_runner(graph: tf.Graph, resources: Optional[str] = None,
         if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
             return recording.ReplayRunner(graph, analysis, verify_run)
         driver.run(graph, analysis, resources, config)
-    return worker.start(_process(), graph, analysis, config)
+    return worker.start(_process(), graph, analysis, config.plan_options,
+                        config.runtime_options)
 
 
 def _default_resources(resources: Optional[str]) -> str:
@@ -98,13 +105,10 @@ def _default_resources(resources: Optional[str]) -> str:
 def _verifying(resources: str, config: Config, run: Optional[contracts.VerifyRun]
                ) -> Tuple[str, Config]:
     """The resources and config of the script's job, as parallax.verify's `run` of it runs
-    it: on verify's resources, writing no checkpoint; with Config(verify_steps=N) the driver
-    runs parallax.verify on the script instead (and exits with its status)."""
+    it (if it does): on verify's resources, writing no checkpoint."""
     if run is not None:
         return run.resources or resources, dataclasses.replace(
-            config, ckpt_config=CheckpointConfig(), max_restarts=0, verify_steps=0)
-    if config.verify_steps and contracts.role() == "driver":
-        sys.exit(verify.verify(sys.argv[0], sys.argv[1:], resources, config.verify_steps))
+            config, ckpt_config=CheckpointConfig(), max_restarts=0)
     return resources, config
 
 
@@ -141,7 +145,8 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
                 recording.ReplayRunner(graph, analysis, verify_run), **arguments)
         driver.run(graph, analysis, resources, config)
     process = _process()
-    runner = worker.start(process, graph, analysis, config, needs_collectives=True)
+    runner = worker.start(process, graph, analysis, config.plan_options, config.runtime_options,
+                          needs_collectives=True)
     return monitored.monitored_session(
         runner, any_worker_stops=process.collectives.any_worker("parallax_stop_together"),
         chief_says=monitored.chief_text(process.collectives), **arguments)

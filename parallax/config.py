@@ -1,9 +1,12 @@
-"""User-facing configuration of a Parallax job."""
+"""A Parallax job's configuration: `Config`, the user's one object, and the parts each stage
+receives of it (who reads what): `PlanOptions` for planning, `RuntimeOptions` for the worker,
+`runner.settings.Settings` for launching and supervising the processes."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Set
 
+from runner.settings import Settings
 from runner.ssh import SSHConfig
 
 # 'MPI' is the paper's name for the AllReduce path; both spell the same mode.
@@ -64,16 +67,16 @@ class ProfileConfig:
                              f"{list(self.profile_steps)!r}")
 
 
-@dataclasses.dataclass
-class Config:
-    """How a job is distributed and run.
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """What planning reads (planning/): how each variable is synchronized and where it lives.
 
     run_option:
-        'HYBRID' (default): dense variables are replicated and allreduced with Horovod, sparse
-            ones live on parameter servers. A model with only dense variables runs as 'AR' and
-            one with only sparse variables as 'PS'.
+        'HYBRID' (default): dense variables are replicated and allreduced, sparse ones live on
+            parameter servers. A model with only dense variables runs as 'AR' and one with only
+            sparse variables as 'PS'.
         'AR' (alias 'MPI', the paper's name): every variable is replicated; dense gradients are
-            allreduced and sparse ones allgathered with Horovod.
+            allreduced and sparse ones allgathered.
         'PS': every variable lives on the parameter servers (one per machine).
         'AUTO': per variable, what the cost model (planning/cost.py) predicts to be fastest,
             from the rows its gradients have on the first batches (measured by the driver
@@ -81,87 +84,131 @@ class Config:
             sparse ones that are nearly dense, allgather, or a parameter server.
     average_dense / average_sparse: aggregate gradients as the mean over workers (as
         single-device training on the combined batch does for a mean loss) or as the sum.
-    sess_config: a tf.compat.v1.ConfigProto for each worker's session (soft placement is
-        turned on when not given, so a graph pinned to '/gpu:0' also runs on a CPU worker).
-    redirect_path: a folder; when set, each process writes its output to its own log file
-        there instead of streaming it to the driver's terminal.
-    ps_config: options of the parameter-server path (PSConfig).
-    hierarchical_allreduce: allreduce dense gradients in machine stages (local aggregation for
-        replicated variables, rewriting/machine_allreduce.py): summed within each machine, then
-        across machines with each of a machine's G workers carrying 1/G of the sum, then shared
-        within the machine. A machine's link carries 2w(H-1)/H bytes of a w-byte gradient
-        instead of a ring's 2w(N-1)/N, for three Horovod collectives in sequence instead of
-        one. Possible where every machine has the same number of workers, more than one, on
-        more than one machine. None (default): where the cost model predicts it faster for the
-        bytes the plan allreduces (cost.machine_stages_pay); True: wherever possible; False:
-        one ring over all workers (Horovod's).
-    ssh: how to reach remote hosts (runner.ssh.SSHConfig); by default from PARALLAX_SSH_*
-        environment variables and the user's ~/.ssh/config.
-    base_port: when set, each host's server and workers use consecutive ports from it;
-        otherwise free ports are picked on each host.
-    ckpt_config: checkpoints (CheckpointConfig).
-    sync_batch_norm: batch statistics (tf.nn.moments over the batch axis, Keras's
-        BatchNormalization, fused batch norm kernels in training mode) of the combined batch of
-        all workers, forward and backward, so a batch-norm model trains as on one device. None
-        (the default): wherever the graph has them; False: each worker normalizes its own
-        batch (the driver warns, naming the ops).
-    heartbeat_timeout_secs: every process the driver starts beats to it every few seconds; one
-        silent this long (stopped, hung, cut off) stops the job, named. A process that hears
-        nothing from the driver this long stops itself.
-    stall_timeout_secs: a worker inside one run for this long (workers waiting for each other:
-        a deadlock, or a step that never ends) stops the job, naming the workers behind.
-    max_restarts: when the job fails (not when it is stopped on purpose), start it again from
-        its latest checkpoint, up to this many times; needs ckpt_config.ckpt_dir.
-    metrics_file: a file the driver appends the job's progress to, one JSON object a line
-        (time, step, steps_per_sec, step_seconds and the scalars of `runner.run(report=...)`).
-    progress_bar: the driver's progress bar (global step, steps/s, reported scalars); None
-        shows it when the driver's stderr is a terminal.
-    search_partitions: the number of shards of each variable made by
-        parallax.get_partitioner(min_partitions) is the one the cost model predicts fastest
-        (from min_partitions to the number of machines), measured by the driver as for AUTO;
-        off, min_partitions. With it (and always under AUTO) a sparse variable the user did
-        not partition is split in row shards over the servers where the cost model predicts
-        that faster and the workers can split it (rewriting/split_variables.py).
+    ps_config: options of the parameter-server path (PSConfig); the search rates the ones
+        that run.
+    hierarchical_allreduce: allreduce dense gradients in machine stages
+        (rewriting/machine_allreduce.py): summed within each machine, then across machines
+        with each of a machine's G workers carrying 1/G of the sum, then shared within the
+        machine. A machine's link carries 2w(H-1)/H bytes of a w-byte gradient instead of a
+        ring's 2w(N-1)/N, for three collectives in sequence instead of one. Possible where
+        every machine has the same number of workers, more than one, on more than one machine.
+        None (default): where the cost model predicts it faster for the bytes the plan
+        allreduces; True: wherever possible; False: one ring over all workers.
     split_variables: whether sparse variables the user did not partition are split in row
         shards over the servers (rewriting/split_variables.py): None (default), where the cost
         model predicts it faster under AUTO or search_partitions; True, every one a server
-        holds that can be split, in one shard a machine (the driver checks which can, as for
-        AUTO); False, none.
+        holds that can be split, in one shard a machine; False, none.
+    sync_batch_norm: batch statistics (tf.nn.moments over the batch axis, Keras's
+        BatchNormalization, fused batch norm kernels in training mode) of the combined batch of
+        all workers, forward and backward, so a batch-norm model trains as on one device. None
+        (default): wherever the graph has them; False: each worker normalizes its own batch
+        (the driver warns, naming the ops).
+    search_partitions: the number of shards of each variable made by
+        parallax.get_partitioner(min_partitions) is the one the cost model predicts fastest
+        (from min_partitions to the number of machines), measured by the driver as for AUTO;
+        off, min_partitions.
+    sync: False for asynchronous training (the paper's PS architecture): each worker applies
+        its own gradients to the variables on parameter servers as they arrive, without
+        aggregation or steps in common; dense variables of HYBRID keep their allreduce, in
+        step. Needs parameter servers (PS, HYBRID).
+    trial_steps: under AUTO, when the cost model chooses parameter servers or the graph has
+        sparse variables, the job first trains this many steps with each plan it times (the
+        run options' rules where they differ from its choice, then the cost model's choice),
+        the first half of each untimed, and keeps the plan whose steps were fastest on the
+        cluster. They are real training steps: each plan goes on from the last one's variables
+        and input, as one device would. 0 keeps the cost model's choice untried. A graph whose
+        step draws random numbers (dropout) or reads a queue-based input is not tried: a new
+        session would start those over.
+    trial_retime_within: where the second fastest trial is within this fraction of the
+        fastest, those two are timed again in the reverse order (a drift of the machine weighs
+        on both alike) and each counts the mean of its two rounds; 0 times every plan once.
+    """
+
+    run_option: str = "HYBRID"
+    average_dense: bool = True
+    average_sparse: bool = True
+    ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
+    hierarchical_allreduce: Optional[bool] = None
+    split_variables: Optional[bool] = None
+    sync_batch_norm: Optional[bool] = None
+    search_partitions: bool = False
+    sync: bool = True
+    trial_steps: int = 30
+    trial_retime_within: float = 0.15
+
+    def __post_init__(self):
+        option = str(self.run_option).upper()
+        if option not in RUN_OPTIONS:
+            raise ValueError(
+                f"unknown run_option {self.run_option!r}: use one of {sorted(RUN_OPTIONS)} "
+                "('MPI' is the paper's name for 'AR')")
+        object.__setattr__(self, "run_option", RUN_OPTIONS[option])
+        if not self.sync and self.run_option in ("AUTO", "AR"):
+            # AUTO may choose no server at all (allreduce, allgather), which depends on the
+            # links the driver measures: refused whatever it would choose.
+            raise ValueError(
+                f"sync=False trains the variables on parameter servers asynchronously, and "
+                f"run_option={self.run_option!r} "
+                + ("has none" if self.run_option == "AR" else
+                   "chooses synchronous methods too (allreduce, allgather)")
+                + ": use run_option='HYBRID' or 'PS', or train synchronously")
+        if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
+                0 < self.trial_steps < 3):
+            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (the first half to "
+                             f"warm up, then timed ones), got {self.trial_steps!r}")
+        if not isinstance(self.trial_retime_within, (int, float)) or not (
+                self.trial_retime_within >= 0):
+            raise ValueError(f"trial_retime_within must be a fraction >= 0 (0: time every plan "
+                             f"once), got {self.trial_retime_within!r}")
+        if not isinstance(self.ps_config, PSConfig):
+            raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
+
+    @property
+    def decides(self) -> bool:
+        """Whether the driver measures and searches before planning (planning/search.py)."""
+        return self.run_option == "AUTO" or self.search_partitions or bool(self.split_variables)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeOptions:
+    """What a worker reads when it runs its plan (worker.py, runtime/).
+
+    sess_config: a tf.compat.v1.ConfigProto for each worker's session (soft placement is
+        turned on when not given, so a graph pinned to '/gpu:0' also runs on a CPU worker).
+    ckpt_config: checkpoints (CheckpointConfig).
     profile_config: a parallax.ProfileConfig(profile_dir, profile_steps, profile_workers): a
         Chrome trace of those runs on those workers, and how long each spent in each phase
         (input, pull, push, server, allreduce, wait_for_chief, compute) in phases.jsonl.
-    sync: False for asynchronous training (the paper's PS architecture): each worker applies
-        its own gradients to the variables on parameter servers as they arrive, without
-        aggregation or steps in common (no worker waits for another); dense variables of
-        HYBRID keep their allreduce, in step. Needs parameter servers (PS, HYBRID).
-    trial_steps: under AUTO, when the cost model chooses parameter servers or the graph has
-        sparse variables, the job first trains this many steps with each of the plans it
-        times (the run options' rules where they differ from its choice: sparse variables
-        allgathered as in AR, on servers as in HYBRID, every variable on servers as in PS;
-        then the cost model's choice), the first
-        half of each untimed (a plan's steps get faster over its first 10-15 here), and keeps
-        the plan whose steps were fastest on the cluster.
-        Where the second fastest is within trial_retime_within (a fraction) of the fastest,
-        those two are timed again in the reverse order (A B, then B A: a drift of the
-        machine weighs on both alike), and each counts the mean of its two rounds: a plan's
-        timed steps, a second or two, ran 0.76-1.18 of its own job's step here, and lm's plans
-        at 1 and 10 Gbit are within 5-10% of each other. 0 times every plan once.
-        They are real training steps: each plan goes on from the last one's variables and
-        input, as one device would. 0 keeps the cost model's choice untried. A graph whose
-        step draws random numbers (dropout) or reads a queue-based input is not tried: a
-        new session would start those over.
+    export_graph_path: a folder where each worker writes the graph it runs, rewritten
+        (workerN.pbtxt, and a TensorBoard event file in the folder workerN), and the chief the
+        single-device graph it was given (single_device.pbtxt, single_device/).
     warn_unsharded_input: at its first training step each worker reports a digest of what
         it read (tf.data, input queues, fed data; not settings such as a fed rate), and when
         every worker read the same, the driver says so once: a dataset nobody sharded trains
         on N copies of one batch. False for jobs that mean it.
-    verify_steps: when set, the script's job does not train: parallax.verify runs the script
-        (the command line it was started with) for this many training steps distributed and
-        on one device on the same combined batches, prints how far each variable is from one
-        device's, and the driver exits with its status (0: PASS, 1: FAIL, 2: not compared).
-    export_graph_path: a folder where each worker writes the graph it runs, rewritten
-        (workerN.pbtxt, and a TensorBoard event file in the folder workerN), and the chief the
-        single-device graph it was given (single_device.pbtxt, single_device/).
     """
+
+    sess_config: Optional[object] = None
+    ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    profile_config: Optional[ProfileConfig] = None
+    export_graph_path: Optional[str] = None
+    warn_unsharded_input: bool = True
+
+
+def _fields(part) -> Set[str]:
+    return {field.name for field in dataclasses.fields(part)}
+
+
+@dataclasses.dataclass
+class Config:
+    """How a job is distributed and run: the user's one object. Its keywords are those of the
+    parts each stage receives, documented there: PlanOptions (run_option, average_dense,
+    average_sparse, ps_config, hierarchical_allreduce, split_variables, sync_batch_norm,
+    search_partitions, sync, trial_steps, trial_retime_within), RuntimeOptions (sess_config,
+    ckpt_config, profile_config, export_graph_path, warn_unsharded_input) and
+    runner.settings.Settings (ssh, base_port, redirect_path, heartbeat_timeout_secs,
+    stall_timeout_secs, max_restarts, metrics_file, progress_bar). A restarted job
+    (max_restarts) resumes from its latest checkpoint, so it needs ckpt_config.ckpt_dir."""
 
     run_option: str = "HYBRID"
     average_dense: bool = True
@@ -187,43 +234,27 @@ class Config:
     trial_steps: int = 30
     trial_retime_within: float = 0.15
     warn_unsharded_input: bool = True
-    verify_steps: int = 0
 
     def __post_init__(self):
-        option = str(self.run_option).upper()
-        if option not in RUN_OPTIONS:
-            raise ValueError(
-                f"unknown run_option {self.run_option!r}: use one of {sorted(RUN_OPTIONS)} "
-                "('MPI' is the paper's name for 'AR')")
-        self.run_option = RUN_OPTIONS[option]
-        if not self.sync and self.run_option in ("AUTO", "AR"):
-            # AUTO may choose no server at all (allreduce, allgather), which depends on the
-            # links the driver measures: refused whatever it would choose.
-            raise ValueError(
-                f"sync=False trains the variables on parameter servers asynchronously, and "
-                f"run_option={self.run_option!r} "
-                + ("has none" if self.run_option == "AR" else
-                   "chooses synchronous methods too (allreduce, allgather)")
-                + ": use run_option='HYBRID' or 'PS', or train synchronously")
-        if not self.heartbeat_timeout_secs > 0 or not self.stall_timeout_secs > 0:
-            raise ValueError("heartbeat_timeout_secs and stall_timeout_secs must be positive")
-        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be a whole number >= 0, got "
-                             f"{self.max_restarts!r}")
-        if self.max_restarts and not self.ckpt_config.ckpt_dir:
+        self.run_option = self.plan_options.run_option  # checked, and 'MPI' spelled 'AR'
+        settings = self.launch_settings
+        self.runtime_options  # pylint: disable=pointless-statement  (checked)
+        if settings.max_restarts and not self.ckpt_config.ckpt_dir:
             raise ValueError(f"max_restarts={self.max_restarts} needs "
                              "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
                              "resumes from its latest checkpoint")
-        if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
-                0 < self.trial_steps < 3):
-            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (the first half to "
-                             f"warm up, then timed ones), got {self.trial_steps!r}")
-        if not isinstance(self.trial_retime_within, (int, float)) or not (
-                self.trial_retime_within >= 0):
-            raise ValueError(f"trial_retime_within must be a fraction >= 0 (0: time every plan "
-                             f"once), got {self.trial_retime_within!r}")
-        if not isinstance(self.verify_steps, int) or self.verify_steps < 0:
-            raise ValueError(f"verify_steps must be a whole number of training steps (0: "
-                             f"train, do not verify), got {self.verify_steps!r}")
-        if not isinstance(self.ps_config, PSConfig):
-            raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
+
+    def _part(self, part):
+        return part(**{name: getattr(self, name) for name in _fields(part)})
+
+    @property
+    def plan_options(self) -> PlanOptions:
+        return self._part(PlanOptions)
+
+    @property
+    def runtime_options(self) -> RuntimeOptions:
+        return self._part(RuntimeOptions)
+
+    @property
+    def launch_settings(self) -> Settings:
+        return self._part(Settings)

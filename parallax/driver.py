@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from parallax import contracts, launch
 from parallax.cluster import Cluster
-from parallax.config import Config
+from parallax.config import Config, PlanOptions
 from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
@@ -20,14 +20,16 @@ from parallax.planning.plan import (Decision, Plan, check_plan, effective_run_op
                                     make_plan)
 from parallax.planning.search import choose
 from parallax.rewriting.split_variables import copy_and_split
+from runner.settings import Settings
 
 
 def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
         ) -> NoReturn:
-    plans = make_job_plans(graph, analysis, resources, config)
+    settings = config.launch_settings
+    plans = make_job_plans(graph, analysis, resources, config.plan_options, settings)
     for warning in warnings(plans[0], analysis):
         launch.say(f"warning: {warning}")
-    launch.run_driver(resources, config, bool(plans[0].cluster.servers),
+    launch.run_driver(resources, settings, config.runtime_options, bool(plans[0].cluster.servers),
                       contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))
@@ -67,31 +69,31 @@ def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:
 
 
 def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
-                   config: Config) -> List[Plan]:
+                   options: PlanOptions, settings: Settings) -> List[Plan]:
     """The job's plan, for the cluster of `resources` (its shape: the workers find the
     servers' addresses in their own environment), then the plans AUTO times against it on the
-    cluster (Config.trial_steps), if any."""
-    if decides(config):
-        decision = choose(graph, analysis, measure_job(graph, analysis, resources, config),
-                          config.run_option, config.search_partitions,
-                          config.hierarchical_allreduce, config.split_variables)
+    cluster (options.trial_steps), if any. `settings`: how the links' probe reaches the
+    hosts."""
+    if options.decides:
+        decision = choose(graph, analysis, measure_job(graph, analysis, resources, settings),
+                          options)
     else:
-        check_plan(analysis, config)  # a graph it refuses fails before the resources are read
+        check_plan(analysis, options)  # a graph it refuses fails before the resources are read
         decision = None
     workers_per_machine = launch.workers_per_machine(resources)
     planned = copy_and_split(graph, analysis, decision.splits if decision else [])[1]
     decisions = [decision]
-    if decision is not None and config.trial_steps:
+    if decision is not None and options.trial_steps:
         decisions += [decision.alternative(i) for i in range(len(decision.alternatives))]
-    with_servers = any(effective_run_option(config.run_option, planned, d) in ("PS", "HYBRID")
+    with_servers = any(effective_run_option(options.run_option, planned, d) in ("PS", "HYBRID")
                        for d in decisions)
     machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
     servers = [f"server {m}" for m in range(len(workers_per_machine))] if with_servers else []
     cluster = Cluster(machines, servers)
-    plans = [make_plan(planned, config, cluster, decision=decision)]
+    plans = [make_plan(planned, options, cluster, decision=decision)]
     for alternative in decisions[1:]:
         try:
-            plans.append(make_plan(planned, config, cluster, decision=alternative))
+            plans.append(make_plan(planned, options, cluster, decision=alternative))
         except ParallaxError:  # a rule's plan this graph cannot train: not an alternative
             continue
     if decision is not None and _shards_change(graph, decision):
@@ -112,10 +114,10 @@ def _first_three(names) -> str:
 
 
 def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
-                config: Config) -> Measurements:
+                settings: Settings) -> Measurements:
     """The measurement stage: the links between the machines of `resources`, and the probe of
     the graph on the driver (planning/measure.py)."""
-    links, within = launch.probe_links(resources, config)
+    links, within = launch.probe_links(resources, settings)
     workers_per_machine = launch.workers_per_machine(resources)
     # Whether machines share a kernel, the link between two tells; within one, only its cores.
     machines = links["machines"] if links else within["machines"][:1] if within else None
@@ -126,9 +128,3 @@ def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
 def _links(probed: Optional[dict]) -> Optional[cost.Links]:
     return (cost.Links(bandwidth=probed["bandwidth"], latency=probed["latency"]) if probed
             else None)
-
-
-def decides(config: Config) -> bool:
-    """Whether the driver measures and searches before planning (planning/search.py)."""
-    return config.run_option == "AUTO" or config.search_partitions or bool(
-        config.split_variables)

@@ -21,7 +21,7 @@ from typing import Dict, List, NoReturn, Optional, Tuple, Union
 
 from parallax import contracts
 from parallax.cluster import Cluster
-from parallax.config import Config
+from parallax.config import RuntimeOptions
 from parallax.errors import ParallaxError
 from parallax.runtime import input_check
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
@@ -31,6 +31,7 @@ from runner.process import GRACE_SECONDS
 from runner.progress import ProgressDisplay
 from runner.rendezvous import GlooRendezvous
 from runner.resources import Host, is_local
+from runner.settings import Settings
 from runner import slurm
 from runner.slurm import SrunConfig
 from runner.ssh import HostUnreachable, SSHConfig
@@ -44,12 +45,12 @@ def workers_per_machine(resources: str) -> List[int]:
     return [len(host.slots) for host in load_resources(resources)]
 
 
-def probe_links(resources: str, config: Config) -> Tuple[Optional[dict], Optional[dict]]:
+def probe_links(resources: str, settings: Settings) -> Tuple[Optional[dict], Optional[dict]]:
     """What the link between the first two machines and the one within the first machine give
     ({latency, bandwidth, machines}: runner.link_probe.probe; None between machines with one
     machine, or for a probe that fails, which is logged)."""
     hosts = load_resources(resources)
-    shell = _remote_shell(resources, config)
+    shell = _remote_shell(resources, settings)
 
     def probe(client: str, server: str) -> Optional[dict]:
         try:
@@ -66,21 +67,23 @@ def probe_links(resources: str, config: Config) -> Tuple[Optional[dict], Optiona
 Shell = Union[SSHConfig, SrunConfig]  # how processes start on other hosts
 
 
-def _remote_shell(resources: str, config: Config) -> Shell:
+def _remote_shell(resources: str, settings: Settings) -> Shell:
     """How processes start on other hosts: as Slurm job steps in an allocation's resources,
     else over ssh."""
     if slurm.names_allocation(resources):
         return SrunConfig.from_env()
     try:
-        return config.ssh or SSHConfig.from_env()
+        return settings.ssh or SSHConfig.from_env()
     except ValueError as error:  # a PARALLAX_SSH_* variable that is not a number
         raise ParallaxError(str(error)) from None
 
 
-def run_driver(resources: str, config: Config, with_servers: bool, job_env: Dict[str, str]
-               ) -> NoReturn:
-    """Run the job (again, up to config.max_restarts times, when it fails) and exit with its
-    status. `job_env` (the plan) goes to every process of the job."""
+def run_driver(resources: str, settings: Settings, runtime: RuntimeOptions, with_servers: bool,
+               job_env: Dict[str, str]) -> NoReturn:
+    """Run the job (again, up to settings.max_restarts times, when it fails) and exit with its
+    status. `job_env` (the plan) goes to every process of the job; of the `runtime` options
+    the driver reads where checkpoints go (the chief, which saves, is stopped first) and
+    whether to warn of unsharded input."""
     hosts = load_resources(resources)
     remote = [h for h in hosts if not is_local(h.name)]
     if remote and len(remote) < len(hosts):
@@ -88,20 +91,20 @@ def run_driver(resources: str, config: Config, with_servers: bool, job_env: Dict
             f"{resources}: loopback hosts cannot be mixed with remote hosts "
             f"{[h.name for h in remote]}: the remote "
             "ones could not reach them; name this machine by an address they can reach")
-    shell = _remote_shell(resources, config)
+    shell = _remote_shell(resources, settings)
     # Where the job's processes reach this machine (the rendezvous, the control plane).
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
-    for attempt in range(config.max_restarts + 1):
+    for attempt in range(settings.max_restarts + 1):
         try:
-            _run_job(hosts, address, config, shell, with_servers, attempt, job_env)
+            _run_job(hosts, address, settings, runtime, shell, with_servers, attempt, job_env)
         except JobFailed as failure:
             say(str(failure))
-            if failure.by_user or attempt == config.max_restarts:
+            if failure.by_user or attempt == settings.max_restarts:
                 _exit(failure.exit_code)
             say(f"restarting the job from the latest checkpoint in "
-                f"{config.ckpt_config.ckpt_dir} (restart {attempt + 1} of "
-                f"{config.max_restarts})")
-            if config.base_port:
+                f"{runtime.ckpt_config.ckpt_dir} (restart {attempt + 1} of "
+                f"{settings.max_restarts})")
+            if settings.base_port:
                 time.sleep(GRACE_SECONDS)  # the same ports: let the last processes go
         else:
             _exit(0)
@@ -128,13 +131,13 @@ def _exit(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
-             attempt: int, job_env: Dict[str, str]) -> None:
+def _run_job(hosts, address, settings: Settings, runtime: RuntimeOptions, shell: Shell,
+             with_servers: bool, attempt: int, job_env: Dict[str, str]) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
     cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
     if with_servers:
-        ports = _ports(hosts, config, shell)
+        ports = _ports(hosts, settings, shell)
         cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts]
         cluster.workers = [f"{host.name}:{ports[host.name][1 + host.slots.index(slot)]}"
                            for _, host, slot in slots]
@@ -142,39 +145,40 @@ def _run_job(hosts, address, config: Config, shell: Shell, with_servers: bool,
         for host in hosts:
             if not is_local(host.name):
                 _remote_free_ports(host, 0, shell)  # reached now, before anything starts
-    if config.redirect_path:
-        os.makedirs(config.redirect_path, exist_ok=True)
+    if settings.redirect_path:
+        os.makedirs(settings.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
         # Always: a get_runner after the first may need the collectives its plan did not.
         per_host: Dict[str, int] = {}
         for _, host, _ in slots:
             per_host[host.name] = per_host.get(host.name, 0) + 1
         rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
-        specs = [_server_spec(index, host.name, cluster, config, shell)
+        specs = [_server_spec(index, host.name, cluster, settings, shell)
                  for index, host in enumerate(hosts) if with_servers]
-        specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, config, shell)
+        specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, settings, shell,
+                               bool(runtime.ckpt_config.ckpt_dir))
                   for rank, (_, host, slot) in enumerate(slots)]
         control = ControlServer(uuid.uuid4().hex, [spec.name for spec in specs],
                                 [spec.name for spec in specs if not spec.service],
-                                config.heartbeat_timeout_secs, config.stall_timeout_secs,
+                                settings.heartbeat_timeout_secs, settings.stall_timeout_secs,
                                 address, log=say)
         stack.callback(control.stop)
         for spec in specs:
             spec.env.update(job_env)
             spec.env.update(control.env_for(spec.name))
-        bar = sys.stderr.isatty() if config.progress_bar is None else config.progress_bar
-        display = ProgressDisplay(control, config.metrics_file, bar, attempt=attempt)
+        bar = sys.stderr.isatty() if settings.progress_bar is None else settings.progress_bar
+        display = ProgressDisplay(control, settings.metrics_file, bar, attempt=attempt)
         stack.callback(display.close)
         # Paused for half the timeout, the driver may have missed beats of processes that
         # then stopped themselves: too long to go on as if nothing happened.
-        run_processes(specs, watchdog=_watchdog(control, config), write=display.write_line,
-                      pause_limit=config.heartbeat_timeout_secs / 2)
+        run_processes(specs, watchdog=_watchdog(control, runtime.warn_unsharded_input),
+                      write=display.write_line, pause_limit=settings.heartbeat_timeout_secs / 2)
 
 
-def _watchdog(control: ControlServer, config: Config):
+def _watchdog(control: ControlServer, warn_unsharded_input: bool):
     """control.check, which says why the job must stop; and, once, the warning of workers
     that all read the same input (runtime/input_check.py)."""
-    warned = not config.warn_unsharded_input
+    warned = not warn_unsharded_input
 
     def check(exited):
         nonlocal warned
@@ -187,14 +191,14 @@ def _watchdog(control: ControlServer, config: Config):
     return check
 
 
-def _ports(hosts: List[Host], config: Config, shell: Shell) -> Dict[str, List[int]]:
-    """Ports for each host's server and workers: consecutive from config.base_port when set,
+def _ports(hosts: List[Host], settings: Settings, shell: Shell) -> Dict[str, List[int]]:
+    """Ports for each host's server and workers: consecutive from settings.base_port when set,
     else free ones, asked on the host itself when it is remote. The local hosts (127.0.0.x)
     get theirs in one draw: their servers all listen on every address of this machine, so two
     draws could hand the same port to two of them."""
     counts = {host.name: 1 + len(host.slots) for host in hosts}
-    if config.base_port:
-        return {name: list(range(config.base_port, config.base_port + count))
+    if settings.base_port:
+        return {name: list(range(settings.base_port, settings.base_port + count))
                 for name, count in counts.items()}
     ports = {}
     local = [name for name in counts if is_local(name)]
@@ -236,22 +240,24 @@ def _job_env(cluster: Cluster, role_name: str) -> Dict[str, str]:
     return env
 
 
-def _spec(name, host, argv, env, config, shell, service=False) -> ProcessSpec:
-    log_file = (os.path.join(config.redirect_path, name.replace(":", "_") + ".log")
-                if config.redirect_path else None)
+def _spec(name, host, argv, env, settings, shell, service=False) -> ProcessSpec:
+    log_file = (os.path.join(settings.redirect_path, name.replace(":", "_") + ".log")
+                if settings.redirect_path else None)
     return ProcessSpec(name=name, argv=argv, env=env, cwd=os.getcwd(), log_file=log_file,
                        host=None if is_local(host) else host, remote=shell, service=service)
 
 
-def _server_spec(index: int, host: str, cluster: Cluster, config: Config, shell) -> ProcessSpec:
+def _server_spec(index: int, host: str, cluster: Cluster, settings: Settings, shell
+                 ) -> ProcessSpec:
     env = _job_env(cluster, "server")
     env.update({**contracts.server_env(index), "CUDA_VISIBLE_DEVICES": ""})
     return _spec(f"{host}:server:{index}", host,
                  [sys.executable, "-m", "parallax.runtime.server"],
-                 env, config, shell, service=True)
+                 env, settings, shell, service=True)
 
 
-def _worker_spec(rank, host, slot, cluster, rendezvous, config, shell) -> ProcessSpec:
+def _worker_spec(rank, host, slot, cluster, rendezvous, settings, shell, saves_on_stop: bool
+                 ) -> ProcessSpec:
     env = _job_env(Cluster(cluster.worker_machines, cluster.servers, cluster.workers, rank),
                    "worker")
     # Loopback 'machines' share this machine's 'lo'; a remote rank's gloo resolves its own host
@@ -260,7 +266,7 @@ def _worker_spec(rank, host, slot, cluster, rendezvous, config, shell) -> Proces
     env["CUDA_VISIBLE_DEVICES"] = str(slot)
     # orig_argv keeps interpreter options and '-m module', so the worker runs what the user ran.
     spec = _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,
-                 config, shell)
+                 settings, shell)
     spec.hold_until_started = True  # what it prints before get_runner, the driver printed
-    spec.stop_first = rank == 0 and bool(config.ckpt_config.ckpt_dir)  # saves on SIGTERM
+    spec.stop_first = rank == 0 and saves_on_stop  # the chief saves on SIGTERM
     return spec

@@ -17,7 +17,7 @@ import tensorflow as tf
 from parallax import contracts
 from parallax.cluster import Cluster
 from parallax.collectives import create as create_collectives
-from parallax.config import CheckpointConfig, Config
+from parallax.config import CheckpointConfig, PlanOptions, RuntimeOptions
 from parallax.errors import ParallaxError
 from parallax.partitioner import check_counts
 from parallax.planning.analysis import GraphAnalysis
@@ -30,7 +30,7 @@ from parallax.runtime import recording, trials
 from parallax.runtime.checkpoint import Checkpointer
 from parallax.runtime.grpc_server import start_server
 from parallax.runtime.profile import Profiler
-from parallax.runtime.session import ParallaxRunner
+from parallax.runtime.session import ParallaxRunner, install_chief_only_saves
 from runner.output import PAST_STARTUP
 
 log = logging.getLogger("parallax")
@@ -71,7 +71,7 @@ def count_and_id() -> Tuple[int, int]:
     return cluster.num_workers, cluster.worker_id
 
 
-def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
+def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, options: PlanOptions,
                   process: WorkerProcess) -> List[Tuple[tf.Graph, GraphAnalysis, Plan]]:
     """The copies of the user's graph to rewrite, their analyses, and the plan for each: the
     driver's, bound to this worker, then those AUTO times against it (runtime/trials.py), each
@@ -88,7 +88,7 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     run_index = next(process.run_indices)
     if run_index:
         graph, planned = copy_and_split(user_graph, analysis, splits, planned=False)
-        return [(graph, planned, make_plan(planned, config, cluster, run_index=run_index,
+        return [(graph, planned, make_plan(planned, options, cluster, run_index=run_index,
                                            decision=decision))]
     plans = []
     for index, text in enumerate(texts):
@@ -96,7 +96,7 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
         plan = Plan.from_text(text)
         index = index and next(process.run_indices)  # the first plan has this call's index
         if plan.replan_in_workers:
-            plan = make_plan(planned, config, cluster, run_index=index, decision=plan.decision)
+            plan = make_plan(planned, options, cluster, run_index=index, decision=plan.decision)
         else:
             plan = dataclasses.replace(plan.bind(planned, cluster), run_index=index)
         plans.append((graph, planned, plan))
@@ -104,12 +104,16 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, config: Config,
 
 
 def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
-          config: Config, needs_collectives: bool = False) -> ParallaxRunner:
-    """The runner of this get_runner call; `needs_collectives`: the script's agreements use
-    them whatever the plan (a monitored session agrees on stopping through them)."""
+          options: PlanOptions, runtime: RuntimeOptions, needs_collectives: bool = False
+          ) -> ParallaxRunner:
+    """The runner of this get_runner call; `options` plan a graph the driver did not and
+    choose the trials' policy, `runtime` says how the runner runs; `needs_collectives`: the
+    script's agreements use them whatever the plan (a monitored session agrees on stopping
+    through them)."""
     heartbeat, cluster = process.heartbeat, process.cluster
     if heartbeat is not None:
         _past_startup()
+    install_chief_only_saves()  # saver.save(runner, ...) writes on the chief alone
     if not log.handlers and not logging.getLogger().handlers:
         # A worker is a process Parallax started: its INFO lines (the plan) are the job's
         # output, unless the user's script configured logging itself.
@@ -117,7 +121,7 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
         handler.setFormatter(logging.Formatter("parallax: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    plans = _worker_plans(user_graph, analysis, config, process)
+    plans = _worker_plans(user_graph, analysis, options, process)
     on_servers = [p.variable.name for p in plans[0][2].with_sync(Sync.PS)]
     if on_servers and not cluster.has_servers:
         raise ParallaxError(
@@ -133,17 +137,17 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
                              any(plan.hierarchical_allreduce for _, _, plan in plans))
     if joins:
         join()
-    if config.export_graph_path and cluster.is_chief:
-        _export_graph(user_graph, config.export_graph_path, "single_device")
+    if runtime.export_graph_path and cluster.is_chief:
+        _export_graph(user_graph, runtime.export_graph_path, "single_device")
     # AUTO's trials time the alternatives first and the cost model's choice last: where it
     # wins (on slow links, where moving the state costs most) no switch back is needed.
     plans = plans[1:] + plans[:1]
     verify_run = contracts.read_verify_run()
     recorder = (recording.Recorder(verify_run, cluster.worker_id)
                 if verify_run is not None else None)  # one for all the plans AUTO times
-    runners = [_runner(user_graph, *plans[0], config, process, recorder, first=True)]
+    runners = [_runner(user_graph, *plans[0], runtime, process, recorder, first=True)]
     started = time.perf_counter()
-    runners += [_runner(user_graph, *plan, config, process, recorder, first=False)
+    runners += [_runner(user_graph, *plan, runtime, process, recorder, first=False)
                 for plan in plans[1:]]
     build_seconds = time.perf_counter() - started
     if cluster.is_chief:
@@ -170,7 +174,7 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
     def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
         if candidate.runner is not runners[0]:
             candidate.runner.take_checkpointer(Checkpointer(
-                candidate.runner.transformed_graph, config.ckpt_config, cluster.is_chief))
+                candidate.runner.transformed_graph, runtime.ckpt_config, cluster.is_chief))
         leave_unless_used(plans[runners.index(candidate.runner)][2])
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
@@ -179,9 +183,9 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
     if not needs_collectives:
         quiet = trials.Quiet([not plan.steps_use_collectives for _, _, plan in plans],
                              process.leave_if_unused, join)
-    return trials.TrialRunner(candidates, config.trial_steps,
+    return trials.TrialRunner(candidates, options.trial_steps,
                               process.collectives.chief_vector("parallax_trials"), kept,
-                              build_seconds, quiet, retime_within=config.trial_retime_within)
+                              build_seconds, quiet, retime_within=options.trial_retime_within)
 
 
 def _announce_exit(heartbeat) -> None:
@@ -190,16 +194,18 @@ def _announce_exit(heartbeat) -> None:
 
 
 def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan: Plan,
-            config: Config, process: WorkerProcess, recorder, first: bool) -> ParallaxRunner:
+            runtime: RuntimeOptions, process: WorkerProcess, recorder, first: bool
+            ) -> ParallaxRunner:
     """The runner of one plan: its copy rewritten, a session of it, its variables initialized
     (the chief restores the latest checkpoint for the `first` plan: AUTO's trials carry the
     state on to the others)."""
     cluster, heartbeat = process.cluster, process.heartbeat
     graph = transform(graph, plan, process.collectives)
-    if config.export_graph_path and first:
-        _export_graph(graph, config.export_graph_path, f"worker{cluster.worker_id}")
+    if runtime.export_graph_path and first:
+        _export_graph(graph, runtime.export_graph_path, f"worker{cluster.worker_id}")
     sess_config = tf.compat.v1.ConfigProto()
-    sess_config.CopyFrom(config.sess_config or tf.compat.v1.ConfigProto(allow_soft_placement=True))
+    sess_config.CopyFrom(runtime.sess_config
+                         or tf.compat.v1.ConfigProto(allow_soft_placement=True))
     target = ""
     if cluster.has_servers and plan.run_option in ("PS", "HYBRID"):
         # Each worker talks to the servers and to itself only, never waits for its peers. (An
@@ -207,16 +213,16 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
         sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
         target = _worker_server(cluster, sess_config).target
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
-    checkpointer = Checkpointer(graph, config.ckpt_config if first else CheckpointConfig(),
+    checkpointer = Checkpointer(graph, runtime.ckpt_config if first else CheckpointConfig(),
                                 cluster.is_chief)
     _initialize(session, graph, cluster, checkpointer, broadcast=first)
     synchronization = {name: p.sync.value for name, p in plan.variables.items()}
-    profiler = (Profiler(config.profile_config, cluster.worker_id, graph)
-                if config.profile_config and first else None)
+    profiler = (Profiler(runtime.profile_config, cluster.worker_id, graph)
+                if runtime.profile_config and first else None)
     return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
                           cluster.worker_id, describe(plan), checkpointer,
                           analysis.training_writes, heartbeat, synchronization, profiler,
-                          check_input=config.warn_unsharded_input, recorder=recorder)
+                          check_input=runtime.warn_unsharded_input, recorder=recorder)
 
 
 def _export_graph(graph: tf.Graph, path: str, name: str) -> None:

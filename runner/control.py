@@ -576,12 +576,3 @@ def _feed(watchdog: int) -> None:
 
 
 WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
-_heartbeat: Optional[Heartbeat] = None
-
-
-def start_heartbeat() -> Optional[Heartbeat]:
-    """This process's heartbeat, started on first use when the driver set CONTROL_ENV."""
-    global _heartbeat
-    if _heartbeat is None:
-        _heartbeat = Heartbeat.from_env()
-    return _heartbeat

@@ -1,11 +1,15 @@
 """Analysis finds each variable's gradient, its update ops and the extra state training writes."""
+import dataclasses
+
 import pytest
 import tensorflow as tf
 
 import parallax
 from conftest import load_workload
+from parallax.config import PlanOptions, RuntimeOptions
 from parallax.planning.analysis import analyze, gradient_sources, update_ops_by_variable
 from parallax.vocabulary import downstream_ops, upstream_ops
+from runner.settings import Settings
 
 
 def _build(optimizer, with_ema=False):
@@ -120,6 +124,28 @@ def test_unknown_run_option_names_the_choices():
     with pytest.raises(ValueError, match="unknown run_option .ALLREDUCE.*.AR.*.HYBRID.*.MPI.*.PS."):
         parallax.Config(run_option="ALLREDUCE")
     assert parallax.Config(run_option="mpi").run_option == "AR"
+
+
+def test_each_config_option_belongs_to_one_stage_and_reaches_it():
+    """Config is the user's one object; planning, the workers and runner/ each receive their
+    own part of it, and every keyword belongs to exactly one part."""
+    parts = [PlanOptions, RuntimeOptions, Settings]
+    owned = [field.name for part in parts for field in dataclasses.fields(part)]
+    assert sorted(owned) == sorted(field.name for field in dataclasses.fields(parallax.Config))
+    assert len(owned) == len(set(owned))
+    config = parallax.Config(run_option="mpi", ps_config=parallax.PSConfig(local_aggregation=False),
+                             export_graph_path="/tmp/graphs", base_port=4000, max_restarts=1,
+                             ckpt_config=parallax.CheckpointConfig(ckpt_dir="/tmp/ckpt"))
+    assert config.plan_options.run_option == "AR"
+    assert config.plan_options.ps_config.local_aggregation is False
+    assert config.runtime_options.export_graph_path == "/tmp/graphs"
+    assert (config.launch_settings.base_port, config.launch_settings.max_restarts) == (4000, 1)
+    with pytest.raises(ValueError, match="max_restarts=1 needs ckpt_config"):
+        parallax.Config(max_restarts=1)
+    with pytest.raises(ValueError, match="heartbeat_timeout_secs .* must be positive"):
+        parallax.Config(heartbeat_timeout_secs=0)
+    with pytest.raises(TypeError, match="verify_steps"):  # parallax.verify's own option
+        parallax.Config(verify_steps=3)  # pylint: disable=unexpected-keyword-arg
 
 
 def test_asynchronous_training_needs_a_run_option_with_servers():

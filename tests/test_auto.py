@@ -14,7 +14,7 @@ from parallax.planning.analysis import analyze
 from parallax.planning.measure import Cores
 from parallax.planning.search import Decision, decide
 from parallax.cluster import Cluster
-from parallax.config import Config
+from parallax.config import Config, PlanOptions
 from parallax.errors import ParallaxError
 from parallax.graph_copy import copy_graph
 from parallax.rewriting.split_variables import split_variables
@@ -76,7 +76,7 @@ def test_a_table_read_as_words_are_read_is_split_over_the_servers():
     assert "split over servers: table in 2 shards" in decision.note
     # The workers split it (passes/split_variables.py): describe() shows each shard.
     plan = make_plan(
-        analyze(split_variables(copy_graph(graph), dict(decision.splits))), Config("AUTO"),
+        analyze(split_variables(copy_graph(graph), dict(decision.splits))), PlanOptions("AUTO"),
         Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]), decision=decision)
     lines = describe(plan).splitlines()
     assert [line.split()[:2] for line in lines if line.startswith("table")] == [
@@ -109,12 +109,12 @@ def test_a_split_must_be_predicted_faster_by_a_margin(monkeypatch):
 
 def test_split_variables_true_splits_without_measurements_and_false_never():
     fed = _graph(vocab=1000, ids_per_batch=0, feed=True)  # no probe: HYBRID's rule
-    decision = decide(fed, analyze(fed), TWO_BY_TWO, split=True)
+    decision = decide(fed, analyze(fed), TWO_BY_TWO, split_variables=True)
     assert decision.splits == [["table", 2]]
     assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
     assert decision.note.endswith("split over servers: table in 2 shards")
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    assert decide(graph, analyze(graph), TWO_BY_TWO, split=False).splits == []
+    assert decide(graph, analyze(graph), TWO_BY_TWO, split_variables=False).splits == []
 
 
 def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_methods():
@@ -123,7 +123,7 @@ def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_me
     graph = _graph(vocab=20, ids_per_batch=32)
     links = cost.Links(bandwidth=2.6e9, latency=14e-6)  # loopback, as measured here
     chosen = decide(graph, analyze(graph), [1, 1], links)
-    split = decide(graph, analyze(graph), [1, 1], links, split=True)
+    split = decide(graph, analyze(graph), [1, 1], links, split_variables=True)
     assert chosen.methods["table"]["how"] == split.methods["table"]["how"] == cost.ALLREDUCE
     assert split.splits == [] and "kept whole: table (not on a server: allreduce)" in split.note
 
@@ -137,7 +137,7 @@ def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
     assert "kept whole: table (While 'while' uses 'table'" in decision.note
-    split = decide(graph, analyze(graph), TWO_BY_TWO, split=True)  # asked for: says why not
+    split = decide(graph, analyze(graph), TWO_BY_TWO, split_variables=True)  # asked: says why not
     assert split.splits == [] and "kept whole: table (While" in split.note
 
 
@@ -171,13 +171,13 @@ def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, 
     """As a later graph splits them (split_variables.copy_and_split): the driver keeps the
     larger table split and the other whole, saying why, where it kept both whole."""
     graph = _copied_tables(feed)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO, split=split)
+    decision = decide(graph, analyze(graph), TWO_BY_TWO, split_variables=split)
     assert decision.splits == [["large", 2]]
     assert {decision.methods[f"large/part_{j}"]["server"] for j in range(2)} == {0, 1}
     assert decision.methods["small"]["how"] == cost.PS
     assert "kept whole: small (" in decision.note and "uses 'large'" in decision.note
     plan = make_plan(  # as the workers plan it, `large` split in their copy
-        analyze(split_variables(copy_graph(graph), dict(decision.splits))), Config("AUTO"),
+        analyze(split_variables(copy_graph(graph), dict(decision.splits))), PlanOptions("AUTO"),
         Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]), decision=decision)
     assert [line.split()[0] for line in describe(plan).splitlines()
             if line.startswith(("small", "large"))] == ["small", "large/part_0", "large/part_1"]
@@ -285,10 +285,10 @@ def test_a_table_whose_moving_average_the_gradients_wait_for_stays_off_the_serve
     analysis = analyze(graph)
     with pytest.raises(ParallaxError, match="the gradients are computed after it"):
         # in the driver, before any launch
-        make_plan(analysis, Config(run_option="HYBRID"), TWO_MACHINES)
+        make_plan(analysis, PlanOptions(run_option="HYBRID"), TWO_MACHINES)
     decision = decide(graph, analysis, TWO_BY_TWO)
     assert decision.methods["table"]["how"] != cost.PS
-    make_plan(analysis, Config(run_option="AUTO"), TWO_MACHINES, decision=decision)
+    make_plan(analysis, PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=decision)
 
 
 def test_an_update_inside_tf_cond_is_not_timed_and_says_why():
@@ -414,7 +414,7 @@ def test_describe_says_what_hybrid_does_without_one_kind_of_variable():
         w = tf.compat.v1.get_variable("w", [4, 1])
         tf.compat.v1.train.AdamOptimizer().minimize(tf.reduce_sum(w))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
-    header = describe(make_plan(analyze(dense), Config(run_option="HYBRID"), cluster))
+    header = describe(make_plan(analyze(dense), PlanOptions(run_option="HYBRID"), cluster))
     assert header.startswith("Parallax plan: run_option=HYBRID (no sparse variable: every "
                              "variable allreduced, as AR), 4 workers"), header
     sparse = tf.Graph()
@@ -423,7 +423,7 @@ def test_describe_says_what_hybrid_does_without_one_kind_of_variable():
         table = tf.compat.v1.get_variable("table", [100, 4])
         tf.compat.v1.train.AdamOptimizer().minimize(
             tf.reduce_sum(tf.nn.embedding_lookup(table, ids)))
-    header = describe(make_plan(analyze(sparse), Config(run_option="HYBRID"), cluster))
+    header = describe(make_plan(analyze(sparse), PlanOptions(run_option="HYBRID"), cluster))
     assert header.startswith("Parallax plan: run_option=HYBRID (no dense variable: every "
                              "variable on the servers, as PS), 4 workers"), header
 
@@ -434,7 +434,7 @@ def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predi
     # The workers' analysis: of their copy, with the table split (passes/split_variables.py)
     analysis = analyze(split_variables(copy_graph(graph), dict(decision.splits)))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
-    text = describe(make_plan(analysis, Config(run_option="AUTO"), cluster, decision=decision))
+    text = describe(make_plan(analysis, PlanOptions(run_option="AUTO"), cluster, decision=decision))
     assert text.startswith("Parallax plan: run_option=AUTO (HYBRID's passes), 4 workers")
     assert text.splitlines()[1].startswith("AUTO: cost model")
     assert "predicted step" in text.splitlines()[1]
@@ -455,7 +455,7 @@ def test_the_drivers_plan_reaches_the_workers_whole(monkeypatch):
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     analysis = analyze(graph)
     decision = decide(graph, analysis, TWO_BY_TWO)
-    plan = make_plan(analysis, Config(run_option="AUTO"), TWO_MACHINES, decision=decision)
+    plan = make_plan(analysis, PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=decision)
     assert isinstance(plan.decision, Decision)
     for name, value in contracts.plan_env([plan.to_text()], [[0, "table", 2]]).items():
         monkeypatch.setenv(name, value)
@@ -471,7 +471,7 @@ def test_the_drivers_plan_reaches_the_workers_whole(monkeypatch):
 
 def test_a_worker_whose_graph_is_not_the_planned_one_is_stopped():
     graph = _graph(vocab=1000, ids_per_batch=10)
-    plan = make_plan(analyze(graph), Config(run_option="HYBRID"), TWO_MACHINES)
+    plan = make_plan(analyze(graph), PlanOptions(run_option="HYBRID"), TWO_MACHINES)
     other = tf.Graph()
     with other.as_default():
         w = tf.compat.v1.get_variable("other", [3])
@@ -486,7 +486,7 @@ def test_describe_shows_a_variable_the_driver_did_not_measure_without_figures():
     decision = decide(graph, analyze(graph), TWO_BY_TWO)
     other = _graph(vocab=1000, ids_per_batch=10)  # its table is not the decision's shards
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
-    text = describe(make_plan(analyze(other), Config(run_option="AUTO"), cluster,
+    text = describe(make_plan(analyze(other), PlanOptions(run_option="AUTO"), cluster,
                               decision=decision))
     table = next(line for line in text.splitlines() if line.startswith("table "))
     assert table.split()[-3:] == ["-", "-", "-"] and "parameter server" in table
@@ -507,7 +507,7 @@ def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
     assert {m["how"] for n, m in allgathered.methods.items() if n != "w"} == {cost.ALLGATHER}
     assert allgathered.step > 0 and allgathered.note.startswith("AR's rule, timed against")
     plans = [make_plan(analyze(split_variables(copy_graph(graph), {"table": 2})),
-                       Config(run_option="AUTO"), TWO_MACHINES, decision=d)
+                       PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=d)
              for d in (decision, allgathered)]
     assert [p.run_option for p in plans] == ["HYBRID", "AR"]
     on_servers = decision.alternative(1)
@@ -515,7 +515,7 @@ def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
     assert {m["how"] for m in on_servers.methods.values()} == {cost.PS}
     assert on_servers.methods["w"]["server"] in (0, 1) and on_servers.step > 0
     plan = make_plan(analyze(split_variables(copy_graph(graph), {"table": 2})),
-                     Config(run_option="AUTO"), TWO_MACHINES, decision=on_servers)
+                     PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=on_servers)
     assert plan.run_option == "PS"
 
 

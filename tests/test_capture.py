@@ -82,3 +82,4 @@ def test_gradients_inside_control_flow_record_only_variables():
                              [0, tf.constant(1.0)])[1]
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     assert [r.variable for r in read_gradients(graph)] == ["w"]
+

@@ -34,8 +34,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process of a job: beats, then runs 'steps' of 0.05 s (reporting a loss), then sleeps.
 BEATING = """
 import sys, time
-from runner.control import start_heartbeat
-beat = start_heartbeat()
+from runner.control import Heartbeat
+beat = Heartbeat.from_env()
 for step in range(int(sys.argv[1])):
     beat.run_started(); time.sleep(0.05); beat.run_finished(True, {"loss": float(sys.argv[2])})
 if sys.argv[3] == "stuck":
@@ -47,8 +47,8 @@ time.sleep(600)
 # then sleeps 'then' seconds and exits.
 MARKING = """
 import sys, time
-from runner.control import start_heartbeat
-beat = start_heartbeat()
+from runner.control import Heartbeat
+beat = Heartbeat.from_env()
 beat.announce_exit()
 steps, mark_at, then = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 for step in range(steps):
@@ -71,7 +71,8 @@ def _spec(control, name, *args):
 
 def _leftovers():
     return [c for c in psutil.Process().children(recursive=True)
-            if any(word in " ".join(c.cmdline()) for word in ("start_heartbeat", "watchdog.py"))]
+            if any(word in " ".join(c.cmdline())
+                   for word in ("Heartbeat.from_env", "watchdog.py"))]
 
 
 @pytest.mark.job
@@ -221,8 +222,8 @@ def test_a_process_its_heartbeat_cannot_stop_is_killed_by_its_watchdog():
     """Its main thread holds the GIL in C code forever (as a finalizer blocked in TensorFlow's
     C++ does) and it handles SIGTERM in Python: neither its heartbeat thread nor a SIGTERM
     can stop it once its driver is gone; its watchdog kills it."""
-    blocked = ("import ctypes, signal, time\nfrom runner.control import start_heartbeat\n"
-               "start_heartbeat()\nsignal.signal(signal.SIGTERM, lambda *_: None)\n"
+    blocked = ("import ctypes, signal, time\nfrom runner.control import Heartbeat\n"
+               "Heartbeat.from_env()\nsignal.signal(signal.SIGTERM, lambda *_: None)\n"
                "time.sleep(1.5)\nctypes.PyDLL(None).pause()\n")
     control = _job(["h:worker:0"], ["h:worker:0"], heartbeat=2.0)
     child = subprocess.Popen([sys.executable, "-c", blocked], cwd=REPO, stderr=subprocess.PIPE,
@@ -310,8 +311,8 @@ def test_a_beating_process_can_fork():
     """grpc's fork support raced with its pollers (SIGABRT at start in about one process in
     five, as TensorFlow and subprocess fork): runner.control turns it off."""
     control = _job(["h:worker:0"], ["h:worker:0"])
-    forks = ("from runner.control import start_heartbeat\nimport subprocess\n"
-             "start_heartbeat()\nfor _ in range(300):\n"
+    forks = ("from runner.control import Heartbeat\nimport subprocess\n"
+             "Heartbeat.from_env()\nfor _ in range(300):\n"
              "    subprocess.run(['true'], preexec_fn=lambda: None)\n")
     env = dict(os.environ, PYTHONPATH=REPO, **control.env_for("h:worker:0"))
     env.pop("GRPC_ENABLE_FORK_SUPPORT", None)
@@ -595,8 +596,15 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
         time.sleep(0.2)
     assert settings, "".join(output)[-3000:]
     key, address = bytes.fromhex(settings["key"]), settings["address"]
-    figures = _fuzz(address, key, settings["job"], settings["name"],
-                    alive=lambda: driver.poll() is None)
+
+    def ended(within=10.0):
+        try:
+            driver.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    figures = _fuzz(address, key, settings["job"], settings["name"], ended)
     driver.wait(timeout=300)
     reader.join(timeout=10)
     text = "".join(output)
@@ -609,8 +617,8 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
                                                "Traceback"))
 
 
-def _fuzz(address, key, job, name, alive, seconds=15.0):
-    """Bad clients for `seconds`, while `alive()`; what was sent, counted."""
+def _fuzz(address, key, job, name, ended, seconds=15.0):
+    """Bad clients for `seconds`, until `ended()`; what was sent, counted."""
     rng = random.Random(0)
     figures = collections.Counter()
     host, port = address.rsplit(":", 1)
@@ -618,7 +626,7 @@ def _fuzz(address, key, job, name, alive, seconds=15.0):
     deadline = time.monotonic() + seconds
     with _half_open_calls(address) as held:
         figures["half-open calls held"] = len(held)
-        while time.monotonic() < deadline and alive():
+        while time.monotonic() < deadline and not ended(0):
             kind = rng.choice(["bytes", "oversized", "tcp", "schema", "replay"])
             if kind == "bytes":
                 data = rng.randbytes(rng.randrange(0, 4096))
@@ -628,9 +636,9 @@ def _fuzz(address, key, job, name, alive, seconds=15.0):
                 try:
                     raw = socket.create_connection((host, int(port)), timeout=2)
                 except ConnectionRefusedError:
-                    if alive():
+                    if not ended():
                         raise
-                    break  # the job ended: its driver says why
+                    break  # the job ended (its control plane stops first): its driver says why
                 with raw:
                     raw.sendall(rng.randbytes(rng.randrange(1, 4096)))
                 figures["raw TCP connections of random bytes"] += 1

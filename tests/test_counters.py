@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import parallax
 from parallax import driver
+from parallax.config import PlanOptions
 from parallax.cluster import Cluster
 from parallax.planning.analysis import analyze
 from parallax.planning.describe import describe
@@ -77,7 +78,7 @@ def test_counts_of_the_batch_are_summed_and_per_step_values_averaged():
 def test_the_plan_says_what_it_sums_and_the_driver_what_it_cannot_tell():
     graph = _graph()
     analysis = analyze(graph)
-    plan = make_plan(analysis, parallax.Config(run_option="AR"), Cluster([0, 0, 1, 1]))
+    plan = make_plan(analysis, PlanOptions(run_option="AR"), Cluster([0, 0, 1, 1]))
     assert plan.summed_writes == analysis.summed_writes and plan.uses_collectives
     said = describe(plan)
     assert ("counts of the batch, summed over workers as one device counts the combined "

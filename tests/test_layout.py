@@ -1,6 +1,7 @@
 """The layout is the pipeline: imports point one way, from the public API down to the base.
 runner/ starts and supervises processes and knows nothing about graphs."""
 import ast
+import os
 import pathlib
 import re
 import subprocess
@@ -116,12 +117,23 @@ def test_horovod_is_imported_only_behind_the_collectives_seam():
 
 
 @pytest.mark.job
-def test_runner_imports_no_tensorflow_and_no_parallax():
+def test_what_importing_loads_and_starts():
+    """runner imports no TensorFlow and no parallax; importing parallax only installs the
+    gradient capture: no heartbeat (a worker's starts at its first Parallax call; it takes its
+    settings out of the environment), no patch of tf.compat.v1.train.Saver (a worker's
+    get_runner installs it)."""
     code = ("import sys, runner, runner.ssh, runner.remote_exec, runner.free_ports; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'parallax', 'keras')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT)
     assert out.stdout.strip() == "[]"
+    code = ("import os, tensorflow as tf\nsave = tf.compat.v1.train.Saver.save\n"
+            "import parallax\n"
+            "print(os.environ.get('PARALLAX_CONTROL'), tf.compat.v1.train.Saver.save is save)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env=dict(os.environ, PARALLAX_CONTROL="{}"))
+    assert out.stdout.split() == ["{}", "True"], out.stdout
 
 
 def test_every_pipeline_is_in_an_order_its_passes_declare_possible():

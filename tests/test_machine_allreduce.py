@@ -14,6 +14,7 @@ from parallax.planning import cost
 from parallax.planning.analysis import analyze
 from parallax.planning.search import Decision
 from parallax.cluster import Cluster
+from parallax.config import PlanOptions
 from parallax.rewriting.pipeline import transform
 from parallax.planning.plan import make_plan
 from runner.rendezvous import GlooRendezvous
@@ -34,7 +35,7 @@ def test_the_groups_are_each_machine_then_each_position_across_machines(machines
 
 def _plan(model, hierarchical, worker_id=0, decision=None):
     graph, _, _ = equivalence.build(model, "sgd", 4, shard=False)
-    config = parallax.Config(run_option="AR", hierarchical_allreduce=hierarchical)
+    config = PlanOptions(run_option="AR", hierarchical_allreduce=hierarchical)
     return graph, make_plan(analyze(graph), config,
                             Cluster(worker_machines=[0, 0, 1, 1], worker_id=worker_id),
                             decision=decision)

@@ -10,7 +10,7 @@ from parallax.planning import cost
 from parallax.planning.analysis import analyze
 from parallax.planning.search import decide
 from parallax.cluster import Cluster
-from parallax.config import Config
+from parallax.config import PlanOptions
 from parallax.errors import ParallaxError
 from parallax import contracts
 from parallax.partitioner import check_counts, partitioned_variables
@@ -58,7 +58,7 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
     worker_graph = _graph()
     assert len(partitioned_variables(worker_graph)[0].shards) == 2
     check_counts(worker_graph, decision.partitions)
-    plan = make_plan(analyze(worker_graph), Config(search_partitions=True),
+    plan = make_plan(analyze(worker_graph), PlanOptions(search_partitions=True),
                      Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]),
                      decision=decision)
     assert [(p.sync, p.server) for p in plan.variables.values()] == [

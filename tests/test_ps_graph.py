@@ -6,6 +6,7 @@ import tensorflow as tf
 import parallax
 from conftest import load_workload
 from parallax import contracts
+from parallax.config import PlanOptions
 from parallax.planning import analysis
 from parallax.planning.analysis import analyze
 from parallax.vocabulary import upstream_ops
@@ -30,7 +31,7 @@ def horovod():
 
 def _transformed(worker_id, config_name="sgd", run_option="PS", **ps_options):
     graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
-    config = parallax.Config(run_option=run_option, ps_config=parallax.PSConfig(**ps_options))
+    config = PlanOptions(run_option=run_option, ps_config=parallax.PSConfig(**ps_options))
     plan = make_plan(analyze(graph), config, Cluster(worker_id=worker_id, **CLUSTER))
     return transform(graph, plan), plan
 
@@ -111,7 +112,7 @@ def test_the_shards_of_a_split_table_are_clipped_and_updated_on_their_servers(co
     (a scalar, which crosses machines for nothing)."""
     graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
     graph = split_variables(copy_graph(graph), {"embedding": 2})
-    plan = make_plan(analyze(graph), parallax.Config(run_option="HYBRID"),
+    plan = make_plan(analyze(graph), PlanOptions(run_option="HYBRID"),
                      Cluster(worker_id=0, **CLUSTER))
     assert [plan.variables[f"embedding/part_{j}"].server for j in range(2)] == [0, 1]
     graph = transform(graph, plan)
@@ -147,7 +148,7 @@ def test_rows_are_not_summed_when_the_model_needs_each_row():
         loss = tf.reduce_sum(rows)
         grad, = tf.compat.v1.gradients(loss, [table])
         tf.compat.v1.scatter_sub(table, grad.indices, tf.nn.softmax(grad.values))  # row-wise
-    plan = make_plan(analyze(graph), parallax.Config(run_option="PS"),
+    plan = make_plan(analyze(graph), PlanOptions(run_option="PS"),
                      Cluster(worker_id=2, **CLUSTER))
     graph = transform(graph, plan)
     pushes = [op for op in graph.get_operations() if op.type == "QueueEnqueueV2"
@@ -190,7 +191,7 @@ def _boundary_graph(worker_id, boundary):
         part = tf.cast(tf.slice(table, [0, 0], [10, 16]), tf.float16)
         loss = tf.reduce_sum(tf.cast(part, tf.float32) ** 2)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    config = parallax.Config(run_option="PS", ps_config=parallax.PSConfig(
+    config = PlanOptions(run_option="PS", ps_config=parallax.PSConfig(
         boundary_between_workers_and_servers=boundary))
     plan = make_plan(analyze(graph), config, Cluster(worker_id=worker_id, **CLUSTER))
     return transform(graph, plan), plan
@@ -239,7 +240,7 @@ def test_a_loop_reading_server_variables_stays_on_the_worker():
         inputs = tf.random.normal([4, 5, 3])
         loss = tf.reduce_sum(keras.layers.LSTM(8)(inputs))
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    plan = make_plan(analyze(graph), parallax.Config(run_option="PS"),
+    plan = make_plan(analyze(graph), PlanOptions(run_option="PS"),
                      Cluster(worker_id=2, **CLUSTER))
     graph = transform(graph, plan)
     loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
@@ -324,13 +325,13 @@ def test_updates_of_server_variables_in_a_loop_or_beside_replicas_in_a_cond_are_
     with pytest.raises(parallax.ParallaxError, match=r"'while.*' \(a TensorFlow While op\) "
                                                      r"updates variables that live on parameter "
                                                      r"servers.*Apply the update after the loop"):
-        make_plan(analyze(loop), parallax.Config(run_option="PS"), Cluster([0, 1]))
+        make_plan(analyze(loop), PlanOptions(run_option="PS"), Cluster([0, 1]))
     cond = _model_with_update_inside("cond")
-    make_plan(analyze(cond), parallax.Config(run_option="PS"), Cluster([0, 1]))
+    make_plan(analyze(cond), PlanOptions(run_option="PS"), Cluster([0, 1]))
     with pytest.raises(parallax.ParallaxError, match=r"'cond' updates variables on parameter "
                                                      r"servers \['embedding'\] and replicated "
                                                      r"ones \['dense'\] at once.*one applying"):
-        make_plan(analyze(cond), parallax.Config(run_option="HYBRID"), Cluster([0, 1]))
+        make_plan(analyze(cond), PlanOptions(run_option="HYBRID"), Cluster([0, 1]))
 
 
 @pytest.mark.parametrize("run_option,in_steps", [("PS", False), ("HYBRID", True)])
@@ -339,7 +340,7 @@ def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only
     """Under PS's rule Keras's LSTM keeps a replica (its seed generator's state): Horovod
     broadcasts it once, and no step runs a Horovod op, so the workers leave Horovod then."""
     graph, _, _ = equivalence.build("lstm", "adam", 4, shard=False)
-    plan = make_plan(analyze(graph), parallax.Config(run_option=run_option),
+    plan = make_plan(analyze(graph), PlanOptions(run_option=run_option),
                      Cluster(worker_id=1, **CLUSTER))
     assert plan.uses_collectives and plan.steps_use_collectives is in_steps
     graph = transform(graph, plan)
@@ -360,7 +361,7 @@ def test_a_table_allreduced_as_dense_carries_its_norm_only_where_the_model_clips
     graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
     analysis = analyze(graph)
     methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
-    plan = make_plan(analysis, parallax.Config(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
+    plan = make_plan(analysis, PlanOptions(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
                      decision=Decision(methods=methods, stats={}, note="",
                                        machine_stages=False))
     assert plan.variables["embedding"].sync is Sync.ALLREDUCE

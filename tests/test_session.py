@@ -8,7 +8,7 @@ import tensorflow as tf
 import parallax
 from parallax.contracts import record_aggregated
 from parallax.rewriting.graph_map import GraphMap
-from parallax.runtime.session import ParallaxRunner
+from parallax.runtime.session import ParallaxRunner, install_chief_only_saves
 
 
 @pytest.fixture
@@ -36,6 +36,7 @@ def _runner(worker_id):
                         tf.compat.v1.local_variables_initializer())
     session = tf.compat.v1.Session(graph=graph)
     session.run(init)
+    install_chief_only_saves()  # as a worker's get_runner does
     runner = ParallaxRunner(GraphMap(graph, graph), session, num_workers=2, worker_id=worker_id,
                             description="", training_writes=[train.name])
     runner.tensors = {"x": x, "w": w, "loss": loss, "grad": grad, "train": train,

@@ -272,7 +272,7 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Shape, l
                                shard_counts: Optional[Dict[str, Sequence[int]]] = None,
                                summable: Optional[Collection[str]] = None,
                                hows: Optional[Dict[str, str]] = None,
-                               off_servers: Collection[str] = ()
+                               off_servers: Collection[str] = (), **options
                                ) -> Tuple[Dict[str, Method], bool]:
     """`choose`, and whether allreduces go in machine stages: as `machine_stages` says when
     True or False; when None, the plan predicted faster of the best plan with a ring and the
@@ -281,8 +281,9 @@ def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Shape, l
     fastest = None
     for staged in ((False, True) if machine_stages is None else (machine_stages,)):
         choice = choose(stats, cluster, links, shard_counts, summable, hows, off_servers,
-                        hierarchical_allreduce=staged)
-        seconds = step_time(choice, by_name, cluster, links, hierarchical_allreduce=staged)
+                        hierarchical_allreduce=staged, **options)
+        seconds = step_time(choice, by_name, cluster, links, hierarchical_allreduce=staged,
+                            **options)
         if fastest is None or seconds < fastest[0]:
             fastest = (seconds, choice, staged)
     return fastest[1], fastest[2]

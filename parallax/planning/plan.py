@@ -1,5 +1,5 @@
 """The plan: how each variable is synchronized and where it lives, decided once, by the driver,
-from the analysis, the config, the cluster's shape and (AUTO) what the search chose. It is one
+from the analysis, the plan options, the cluster's shape and (AUTO) what the search chose. It is one
 value: the driver sends it to every worker (`to_text`), which reads it (`from_text`) and binds
 it to its own copy of the graph and its identity (`bind`), deciding nothing again."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import zlib
 from typing import Dict, List, Optional, Tuple
 
 from parallax.cluster import Cluster
-from parallax.config import Config, PSConfig
+from parallax.config import PlanOptions, PSConfig
 from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.cost import Sync
@@ -184,49 +184,49 @@ def effective_run_option(run_option: str, analysis: GraphAnalysis,
     return "PS" if not analysis.dense else "HYBRID"
 
 
-def make_plan(analysis: GraphAnalysis, config: Config, cluster: Cluster,
+def make_plan(analysis: GraphAnalysis, options: PlanOptions, cluster: Cluster,
               run_index: int = 0, decision: Optional[Decision] = None) -> Plan:
-    run_option, variables = _methods(analysis, config, decision)
+    run_option, variables = _methods(analysis, options, decision)
     _partition_by_bytes([p for p in variables.values() if p.sync is Sync.PS
                          and p.server is None], len(cluster.servers))
-    extra_state_servers, server_writes = _check(analysis, config, run_option, variables)
-    sync = config.sync_batch_norm is not False  # None: wherever batch statistics are found
+    extra_state_servers, server_writes = _check(analysis, options, run_option, variables)
+    sync = options.sync_batch_norm is not False  # None: wherever batch statistics are found
     return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                config.ps_config, uses_collectives(run_option, analysis, sync),
+                options.ps_config, uses_collectives(run_option, analysis, sync),
                 analysis.batch_moments if sync else [],
                 analysis.fused_batch_norms if sync else [],
                 [] if sync else batch_norms(analysis),
                 analysis.averaged_writes, analysis.summed_writes, run_index, decision,
-                not config.sync,
-                _machine_stages(config, cluster, variables, decision),
-                requested_run_option=config.run_option,
+                not options.sync,
+                _machine_stages(options, cluster, variables, decision),
+                requested_run_option=options.run_option,
                 loss_denominators=list(analysis.loss_denominators))
 
 
-def check_plan(analysis: GraphAnalysis, config: Config) -> None:
-    """Raise what make_plan refuses of this graph and config, on any cluster: which side of
+def check_plan(analysis: GraphAnalysis, options: PlanOptions) -> None:
+    """Raise what make_plan refuses of this graph and these options, on any cluster: which side of
     the servers each variable and its state are on does not depend on the cluster. The driver
     checks it before it reads the resources."""
-    _check(analysis, config, *_methods(analysis, config, None))
+    _check(analysis, options, *_methods(analysis, options, None))
 
 
-def _methods(analysis: GraphAnalysis, config: Config, decision: Optional[Decision]
+def _methods(analysis: GraphAnalysis, options: PlanOptions, decision: Optional[Decision]
              ) -> Tuple[str, Dict[str, VariablePlan]]:
     """The effective run option, and each variable's method (its server, if the decision
     chose it)."""
-    run_option = effective_run_option(config.run_option, analysis, decision)
+    run_option = effective_run_option(options.run_option, analysis, decision)
     variables = {}
     for info in analysis.variables.values():
-        average = config.average_sparse if info.is_sparse else config.average_dense
+        average = options.average_sparse if info.is_sparse else options.average_dense
         if decision is not None:
-            sync, server = _chosen(info, decision, config.run_option)
+            sync, server = _chosen(info, decision, options.run_option)
         else:
             sync, server = rule(run_option, info), None
         variables[info.name] = VariablePlan(info, sync, average, server)
     return run_option, variables
 
 
-def _check(analysis: GraphAnalysis, config: Config, run_option: str,
+def _check(analysis: GraphAnalysis, options: PlanOptions, run_option: str,
            variables: Dict[str, VariablePlan]) -> Tuple[Dict[str, int], List[str]]:
     """Where extra state lives and which ops update server state, having refused a plan whose
     updates could not run once a step on the chief."""
@@ -237,7 +237,7 @@ def _check(analysis: GraphAnalysis, config: Config, run_option: str,
                       for op in analysis.extra_state[name].update_ops]
     server_writes = list(dict.fromkeys(server_writes))  # one op may update several
     _check_differentiated_gradients_allreduced(analysis, variables)
-    if config.sync:  # the chief alone applies the step's aggregates
+    if options.sync:  # the chief alone applies the step's aggregates
         _check_server_writes_follow_gradients(analysis, server_writes)
         _check_no_server_writes_in_loops(analysis, server_writes)
         _check_writes_on_one_side(analysis, variables, extra_state_servers)
@@ -249,14 +249,14 @@ def _check(analysis: GraphAnalysis, config: Config, run_option: str,
     return extra_state_servers, server_writes
 
 
-def _machine_stages(config: Config, cluster: Cluster, variables: Dict[str, VariablePlan],
+def _machine_stages(options: PlanOptions, cluster: Cluster, variables: Dict[str, VariablePlan],
                     decision: Optional[Decision]) -> bool:
-    """Config.hierarchical_allreduce where the cluster allows it (Cluster.machine_groups); by
+    """options.hierarchical_allreduce where the cluster allows it (Cluster.machine_groups); by
     default, AUTO's decision, or when the cost model predicts it faster for the bytes this
     plan allreduces."""
-    if not cluster.machine_groups() or config.hierarchical_allreduce is False:
+    if not cluster.machine_groups() or options.hierarchical_allreduce is False:
         return False
-    if config.hierarchical_allreduce:
+    if options.hierarchical_allreduce:
         return True
     if (decision is not None and decision.machine_stages is not None
             and all(name in decision.methods for name in variables)):

@@ -1,4 +1,4 @@
-"""The search of run_option='AUTO' (and Config.search_partitions, split_variables): from what the
+"""The search of run_option='AUTO' (and of search_partitions, split_variables): from what the
 driver measured (planning/measure.py), the cost model (planning/cost.py) picks how each
 variable is synchronized, on which servers, in how many shards parallax.get_partitioner's
 variables are stored, and which variables the workers split. What it chose is a `Decision`,
@@ -19,34 +19,36 @@ from parallax.partitioner import Partitioned, partitioned_variables, shard_name
 from parallax.planning import cost, split_rules
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Cores, Measurements, measure
+from parallax.config import PlanOptions
 from parallax.planning.plan import Decision, rule
 from parallax.planning.rows import rows_can_be_summed
 from parallax.vocabulary import STATEFUL_RANDOM_OP_TYPES, upstream_ops
 
 
 def decide(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
-           links: Optional[cost.Links] = None, run_option: str = "AUTO",
-           search_partitions: bool = False,
-           within_machine: Optional[cost.Links] = None,
-           hierarchical_allreduce: Optional[bool] = None,
-           split: Optional[bool] = None, cores: Optional[Cores] = None) -> Decision:
-    """Measure (measure.measure) and choose (`choose`): the driver's two stages in one call."""
+           links: Optional[cost.Links] = None, within_machine: Optional[cost.Links] = None,
+           cores: Optional[Cores] = None, **options) -> Decision:
+    """Measure (measure.measure) and choose (`choose`): the driver's two stages in one call.
+    `options`: PlanOptions' (run_option AUTO unless given)."""
     return choose(graph, analysis, measure(graph, analysis, workers_per_machine, links,
                                            within_machine, cores),
-                  run_option, search_partitions, hierarchical_allreduce, split)
+                  PlanOptions(**{"run_option": "AUTO", **options}))
 
 
 def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
-           run_option: str = "AUTO", search_partitions: bool = False,
-           hierarchical_allreduce: Optional[bool] = None,
-           split: Optional[bool] = None) -> Decision:
+           options: PlanOptions) -> Decision:
     """The methods, servers, shards and splits the cost model predicts fastest for what was
-    `measured` (links None: assumed). `hierarchical_allreduce`: the Config's; None
-    (where the cluster allows machine stages) lets the cost model choose. Under
-    another run option than AUTO the methods are its rule's, and only the servers, and with
-    `search_partitions` the shards of parallax.get_partitioner's variables, are chosen.
-    `split`: Config.split_variables; None lets the cost model split the variables the user did
-    not partition, True splits every one a server holds that can be, over every machine."""
+    `measured` (links None: assumed), rated with the parameter-server options that will run
+    (options.ps_config). options.hierarchical_allreduce None (where the cluster allows
+    machine stages) lets the cost model choose. Under another run option than AUTO the methods
+    are its rule's, and only the servers, and with options.search_partitions the shards of
+    parallax.get_partitioner's variables, are chosen. options.split_variables None lets the
+    cost model split the variables the user did not partition, True splits every one a
+    server holds that can be, over every machine."""
+    run_option, split = options.run_option, options.split_variables
+    hierarchical_allreduce = options.hierarchical_allreduce
+    priced = {"local_aggregation": options.ps_config.local_aggregation,
+              "unique_pulls": options.ps_config.boundary_between_workers_and_servers}
     workers_per_machine, shape = measured.workers_per_machine, measured.shape
     links, within_machine = measured.links or cost.Links(), measured.within_machine
     stats, timed, compute_problem = measured.stats, measured.timing, measured.compute_problem
@@ -58,7 +60,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         for r in v.gradients if r.is_sparse)}
     hows = {} if run_option == "AUTO" else {
         name: rule(run_option, info).value for name, info in analysis.variables.items()}
-    groups = partitioned_variables(graph) if search_partitions else []
+    groups = partitioned_variables(graph) if options.search_partitions else []
     off_servers = _kept_off_servers(analysis) if run_option == "AUTO" else set()
     merged = _merge_shards(stats, groups, summable, hows, off_servers)
     counts = {group.name: range(group.min_partitions,
@@ -71,14 +73,16 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     def with_shards(shard_counts):
         return cost.choose_with_allreduce_form(
             list(merged.values()), shape, links, hierarchical_allreduce,
-            shard_counts=shard_counts, summable=summable, hows=hows, off_servers=off_servers)
+            shard_counts=shard_counts, summable=summable, hows=hows, off_servers=off_servers,
+            **priced)
 
     chosen, staged = with_shards(counts)
     splits, whole = {}, {}
     if split is not False:
         (chosen, staged), splits, whole = _choose_splits(
             graph, analysis, groups, off_servers, shape, split,
-            lambda more: with_shards({**counts, **more}), (chosen, staged), merged, links)
+            lambda more: with_shards({**counts, **more}), (chosen, staged), merged, links,
+            priced)
     partitions = [[call, group.name, len(chosen[group.name].servers) or group.min_partitions]
                   for call, group in enumerate(groups)]
     chosen, stats = _split_shards(chosen, merged, groups + [
@@ -113,7 +117,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         note += f"; compute not measured ({compute_problem})"
     def predicted(choice, staged_):
         return cost.step_time(choice, stats, shape, links, compute=compute or 0.0, alone=alone,
-                              hierarchical_allreduce=staged_)
+                              hierarchical_allreduce=staged_, **priced)
 
     step = predicted(chosen, staged)
     note += (f"; predicted step {_ms(step)}" if timed
@@ -138,7 +142,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
             alternative, alternative_staged = cost.choose_with_allreduce_form(
                 list(merged.values()), shape, links, hierarchical_allreduce,
                 shard_counts={**counts, **shards}, summable=summable, hows=rule_hows,
-                off_servers=off_servers)
+                off_servers=off_servers, **priced)
             alternative = _split_shards(alternative, merged, [  # the chosen shards each
                 Partitioned(group.name, group.shards, count)
                 for group, (_, _, count) in zip(groups, partitions)] + [
@@ -153,7 +157,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
                     alternatives)
 
 
-# The plans AUTO also times on the cluster (Config.trial_steps) where the cost model is unsure
+# The plans AUTO also times on the cluster (PlanOptions.trial_steps) where the cost model is unsure
 # (decide), as (name, how dense variables and how sparse ones are synchronized): the
 # run options' rules. PS's wins where a step is bound by CPU rather than bytes (nmt on shared
 # cores: benchmarks/HISTORY.md).
@@ -244,15 +248,16 @@ def _splits_note(splits: Dict[str, int], whole: Dict[str, str]) -> str:
     return note
 
 
-def _pays(split, split_staged, whole, whole_staged, stats, shape, links) -> bool:
+def _pays(split, split_staged, whole, whole_staged, stats, shape, links, priced) -> bool:
     """Whether the plan with split variables is predicted cost.SPLIT_MARGIN faster."""
-    seconds = [cost.step_time(choice, stats, shape, links, hierarchical_allreduce=staged)
+    seconds = [cost.step_time(choice, stats, shape, links, hierarchical_allreduce=staged,
+                              **priced)
                for choice, staged in ((split, split_staged), (whole, whole_staged))]
     return seconds[0] * (1 + cost.SPLIT_MARGIN) < seconds[1]
 
 
 def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, whole_plan,
-                   merged, links):
+                   merged, links, priced):
     """The plan (methods, machine stages) with the variables the user did not partition split
     where the cost model predicts it pays (with `split` True, every one a server holds, over
     every machine), those splits, and why each other sparse variable is kept whole. Of those
@@ -277,7 +282,7 @@ def _choose_splits(graph, analysis, groups, off_servers, shape, split, choose, w
             break
         whole.update(apart)
         counts = {name: shards for name, shards in counts.items() if name not in apart}
-    if splits and (split or _pays(*with_splits, *whole_plan, merged, shape, links)):
+    if splits and (split or _pays(*with_splits, *whole_plan, merged, shape, links, priced)):
         return with_splits, splits, whole
     return whole_plan, {}, whole
 

@@ -2,9 +2,11 @@
 The driver starts one per machine (`python -m parallax.runtime.server`) and stops it at the end."""
 from parallax import contracts
 from parallax.runtime.grpc_server import start_server
+from runner.control import Heartbeat
 
 
 def main():
+    heartbeat = Heartbeat.from_env()  # pylint: disable=unused-variable  (beats until exit)
     index = contracts.read_server_index()
     cluster = contracts.read_cluster()
     server = start_server(cluster, "ps", index)

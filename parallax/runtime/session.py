@@ -365,7 +365,7 @@ def install_chief_only_saves() -> None:
     writes the checkpoint, its state file and its meta graph; the others' state files and meta
     graphs would be written at once into one shared folder, or into a folder of their own
     machine that need not exist (their run of the save writes no data: ParallaxRunner.run).
-    Idempotent (importing parallax calls it)."""
+    Idempotent (each get_runner of a worker calls it)."""
     save = tf.compat.v1.train.Saver.save
     if getattr(save, "parallax_chief_only", False):
         return

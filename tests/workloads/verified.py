@@ -3,11 +3,11 @@ parallax.shard, an embedding (a parameter server in PS and HYBRID), a dense laye
 dropout, Adam, a fed learning rate, a global step.
 
     python verified.py RESOURCES STEPS [--run-option R] [--sum-gradients] [--sampled]
-                       [--verify-steps N] [--padded]
+                       [--padded] [--heads]
 
 --sum-gradients: Config(average_dense=False), not what one device computes (verify fails);
 --sampled: a sampled softmax, whose candidates each worker draws for its whole batch (verify
-cannot compare); --verify-steps: Config(verify_steps=N); --padded: a tagger of sentences of
+cannot compare); --padded: a tagger of sentences of
 words as strings, each worker's batch padded to its longest sentence by `padded_batch`, dropout
 over every token, a loss divided by the batch's count of words (not padding); --heads: with
 --padded, the dropout drawn for 2 heads x the batch, as multi-head attention often does it (not
@@ -26,7 +26,6 @@ parser.add_argument("steps", type=int)
 parser.add_argument("--run-option", default="HYBRID")
 parser.add_argument("--sum-gradients", action="store_true")
 parser.add_argument("--sampled", action="store_true")
-parser.add_argument("--verify-steps", type=int, default=0)
 parser.add_argument("--padded", action="store_true")
 parser.add_argument("--heads", action="store_true")
 args = parser.parse_args()
@@ -95,8 +94,7 @@ with graph.as_default():
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train = tf.compat.v1.train.AdamOptimizer(rate).minimize(loss, global_step=global_step)
 
-config = parallax.Config(run_option=args.run_option, average_dense=not args.sum_gradients,
-                         verify_steps=args.verify_steps)
+config = parallax.Config(run_option=args.run_option, average_dense=not args.sum_gradients)
 runner = parallax.get_runner(graph, args.resources, config)
 for step in range(args.steps):
     _, value = runner.run([train, loss], feed_dict={rate: 0.05})
