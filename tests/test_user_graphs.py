@@ -132,60 +132,63 @@ def test_user_graphs_with_their_embeddings_split_over_the_servers_train_as_on_on
         _assert_single_device(tmp_path / shape if len(shapes) > 1 else tmp_path, shape)
 
 
+# Jobs below train a shape in several modes, a get_runner each ("SHAPE@MODE"): PS's first, so
+# that the driver starts servers.
+
+
 @pytest.mark.job
-@pytest.mark.parametrize("run_option", ["AR", "PS"])
-def test_moving_statistics_are_the_same_on_every_worker(tmp_path, run_option):
+def test_moving_statistics_are_the_same_on_every_worker(tmp_path):
     """With sync_batch_norm=False each worker normalizes its own batch, the driver warns and
     the plan says so; the moving statistics are averaged over workers so that the replicas
-    stay identical."""
-    result = _train(tmp_path, "batchnorm", run_option, "--own-batch-norm")
+    stay identical (PS, then AR)."""
+    parts = ["batchnorm@PS", "batchnorm@AR"]
+    result = _train(tmp_path, ",".join(parts), "PS", "--own-batch-norm")
     warnings = [line for line in result.stderr.splitlines() if "sync_batch_norm=False" in line]
     assert len(warnings) == 1 and "1 batch norm(s) ('moments/mean') normalize each worker's " \
         "own batch, 1/4 of the combined one" in warnings[0], result.stderr[-3000:]
-    assert ("batch norm: statistics of each worker's own batch, not one device's "
-            "(sync_batch_norm=False): moments/mean") in result.stdout
-    saved = [np.load(tmp_path / f"worker{worker}.npz") for worker in range(WORKERS)]
-    assert "var/moving_mean" in saved[0].files
-    for name in saved[0].files:
-        for other in saved[1:]:
-            np.testing.assert_allclose(other[name], saved[0][name], rtol=1e-6, atol=1e-6,
-                                       err_msg=name)
-    assert not np.allclose(saved[0]["var/moving_mean"], 0.0)
+    assert result.stdout.count("batch norm: statistics of each worker's own batch, not one "
+                               "device's (sync_batch_norm=False): moments/mean") == len(parts)
+    for part in parts:
+        saved = [np.load(tmp_path / part / f"worker{worker}.npz") for worker in range(WORKERS)]
+        assert "var/moving_mean" in saved[0].files
+        for name in saved[0].files:
+            for other in saved[1:]:
+                np.testing.assert_allclose(other[name], saved[0][name], rtol=1e-6, atol=1e-6,
+                                           err_msg=f"{part}: {name}")
+        assert not np.allclose(saved[0]["var/moving_mean"], 0.0)
 
 
 # Per mode, the batch-norm CNN and a fused batch norm (one kernel, as tf.compat.v1.layers and
-# tf_keras build it; NCHW in PS), with sync_batch_norm or by default (HYBRID, under TF1).
-BATCH_NORMS = {"AR": (["batchnorm", "fused_batchnorm"], ["--sync-batch-norm"]),
-               "PS": (["batchnorm", "fused_batchnorm_nchw"], ["--sync-batch-norm"]),
-               "HYBRID": (["batchnorm", "fused_batchnorm"], ["--tf1-behaviour", "all"])}
+# tf_keras build it; NCHW in PS); HYBRID's under TF1.
+BATCH_NORMS = ["batchnorm@PS", "fused_batchnorm_nchw@PS", "batchnorm@AR", "fused_batchnorm@AR",
+               "batchnorm@HYBRID", "fused_batchnorm@HYBRID"]
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("run_option", sorted(BATCH_NORMS))
-def test_sync_batch_norm_trains_as_on_one_device(tmp_path, run_option):
+def test_sync_batch_norm_trains_as_on_one_device(tmp_path):
     """With sync_batch_norm (on by default) the batch statistics, forward and backward, are the
     combined batch's: the batch-norm CNN (moving statistics too) and a fused batch norm (its
     outputs and gradient rewritten over the combined batch, its moving statistics with the
-    Bessel-corrected variance), NHWC and NCHW, equal one device's."""
-    shapes, flags = BATCH_NORMS[run_option]
-    result = _train(tmp_path, ",".join(shapes), run_option, *flags)
-    for shape in shapes:
-        _assert_single_device(tmp_path / shape, shape, tf1="--tf1-behaviour" in flags)
-    assert ("batch norm: statistics of the combined batch, as on one device (sync_batch_norm): "
-            "moments/mean") in result.stdout
+    Bessel-corrected variance), NHWC and NCHW, equal one device's in every mode."""
+    tf1 = [part for part in BATCH_NORMS if part.endswith("@HYBRID")]
+    result = _train(tmp_path, ",".join(BATCH_NORMS), "PS", "--tf1-behaviour", ",".join(tf1))
+    for part in BATCH_NORMS:
+        _assert_single_device(tmp_path / part, part.partition("@")[0], tf1=part in tf1)
+    assert result.stdout.count("batch norm: statistics of the combined batch, as on one device "
+                               "(sync_batch_norm): moments/mean") == 3  # each batchnorm part
     assert "sync_batch_norm=False" not in result.stderr
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("run_option", ["AR", "PS", "HYBRID"])
-def test_the_cifar10_tutorial_through_a_monitored_session_trains_as_on_one_device(
-        tmp_path, run_option):
+def test_the_cifar10_tutorial_through_a_monitored_session_trains_as_on_one_device(tmp_path):
     """The tutorial's graph and loop through parallax.MonitoredTrainingSession, with the
     chief's checkpoint and summary savers and step counter, a NanTensorHook and a
-    LoggingTensorHook: every variable as one device's."""
-    _train(tmp_path, "cifar10", run_option, "--monitored")
-    _assert_single_device(tmp_path, "cifar10")
-    assert (tmp_path / "train" / "checkpoint").exists()
+    LoggingTensorHook: every variable as one device's, in every mode."""
+    parts = ["cifar10@PS", "cifar10@AR", "cifar10@HYBRID"]
+    _train(tmp_path, ",".join(parts), "PS", "--monitored")
+    for part in parts:
+        _assert_single_device(tmp_path / part, "cifar10")
+        assert (tmp_path / part / "train" / "checkpoint").exists()
 
 
 @pytest.mark.job
@@ -199,28 +202,29 @@ def test_ps_steps_never_mix_with_one_worker_delayed(tmp_path, monkeypatch):
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("shape,run_option", [("cond", "PS"), ("cond_split", "HYBRID")])
-def test_a_cond_taking_its_empty_branch_never_releases_a_step_early(tmp_path, monkeypatch,
-                                                                    shape, run_option):
+def test_a_cond_taking_its_empty_branch_never_releases_a_step_early(tmp_path, monkeypatch):
     """Updates of server variables in tf.cond, applied one step in two or three, a worker
     sleeping at random: the chief's release waits for the step's aggregates, not only for the
     cond (which, taking its empty branch, waits for nothing of them), so every worker reads
-    the step counter one device reads after each step."""
+    the step counter one device reads after each step (PS; split over the servers, HYBRID)."""
     steps = 40
     monkeypatch.setattr(user_graphs, "STEPS", steps)
-    _train(tmp_path, shape, run_option, "--delay", "0.15",
+    parts = ["cond@PS", "cond_split@HYBRID"]
+    _train(tmp_path, ",".join(parts), "PS", "--delay", "0.15",
            env={"USER_GRAPHS_STEPS": str(steps)})
-    _assert_single_device(tmp_path, shape)
+    for part in parts:
+        _assert_single_device(tmp_path / part, part.partition("@")[0])
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("run_option", ["PS", "HYBRID"])
-def test_a_restore_with_a_worker_late_to_it_trains_as_on_one_device(tmp_path, run_option):
+def test_a_restore_with_a_worker_late_to_it_trains_as_on_one_device(tmp_path):
     """Every worker restores the checkpoint, at its own time: a late one must not write the
     servers' variables while the others train on (each worker restores its replicas, the
-    chief the servers' variables; the others wait for it, passes/sync.py)."""
-    _train(tmp_path, "restore", run_option, "--delay", "0.5")
-    _assert_single_device(tmp_path, "restore")
+    chief the servers' variables; the others wait for it, passes/sync.py), in PS and HYBRID."""
+    parts = ["restore@PS", "restore@HYBRID"]
+    _train(tmp_path, ",".join(parts), "PS", "--delay", "0.5")
+    for part in parts:
+        _assert_single_device(tmp_path / part, "restore")
 
 
 @pytest.mark.job

@@ -585,14 +585,14 @@ def train_single_device(shape, workers, tf1=False):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", required=True, help="a shape, or several joined by commas: "
-                        "one get_runner each in turn, their results in OUT/SHAPE/")
+                        "one get_runner each in turn, their results in OUT/SHAPE/; "
+                        "SHAPE@RUN_OPTION trains it in another run option than the job's "
+                        "(results in OUT/SHAPE@RUN_OPTION/; the driver plans the first)")
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
-    batch_norm = parser.add_mutually_exclusive_group()  # neither: Config's default
-    batch_norm.add_argument("--sync-batch-norm", action="store_const", const=True)
-    batch_norm.add_argument("--own-batch-norm", action="store_const", const=False,
-                            dest="sync_batch_norm", help="sync_batch_norm=False")
+    parser.add_argument("--own-batch-norm", action="store_const", const=False,
+                        dest="sync_batch_norm", help="sync_batch_norm=False (else the default)")
     parser.add_argument("--split-variables", action="store_true",
                         help="Config(split_variables=True): embeddings over every server")
     parser.add_argument("--delay", type=float, default=0.0,
@@ -608,17 +608,19 @@ def main():
     args = parser.parse_args()
     global RESTORE_IN_CHIEF_ONLY
     RESTORE_IN_CHIEF_ONLY = args.chief_restores
-    shapes = args.shape.split(",")
-    unknown = set(shapes) - {*SHAPES, *PER_WORKER_SHAPES}
+    parts = args.shape.split(",")
+    unknown = {part.partition("@")[0] for part in parts} - {*SHAPES, *PER_WORKER_SHAPES}
     if unknown:
         parser.error(f"unknown shapes {sorted(unknown)}")
-    tf1_shapes = shapes if args.tf1_behaviour == "all" else args.tf1_behaviour.split(",")
+    tf1_parts = parts if args.tf1_behaviour == "all" else args.tf1_behaviour.split(",")
     tf.compat.v1.disable_eager_execution()
-    config = parallax.Config(run_option=args.run_option, sync_batch_norm=args.sync_batch_norm,
-                             split_variables=True if args.split_variables else None)
-    for shape in shapes:
-        with behaviour(shape in tf1_shapes):
-            _train(shape, args, config, os.path.join(args.out, shape) if len(shapes) > 1
+    for part in parts:
+        shape, _, run_option = part.partition("@")
+        config = parallax.Config(run_option=run_option or args.run_option,
+                                 sync_batch_norm=args.sync_batch_norm,
+                                 split_variables=True if args.split_variables else None)
+        with behaviour(part in tf1_parts):
+            _train(shape, args, config, os.path.join(args.out, part) if len(parts) > 1
                    else args.out)
 
 
@@ -626,7 +628,7 @@ def _train(shape, args, config, out):
     """The shape's graph trained by Parallax; each worker's fetches and variables in `out`."""
     graph, inputs, loop = _build(shape)
     if args.monitored:
-        worker, fetched, values = _train_monitored(graph, inputs, loop, args, config)
+        worker, fetched, values = _train_monitored(graph, inputs, loop, args, config, out)
     else:
         runner = parallax.get_runner(graph, args.resources, config)
         feed = _feeder(inputs, runner.num_workers, runner.worker_id, delay=args.delay)
@@ -640,10 +642,10 @@ def _train(shape, args, config, out):
              **{f"var/{name}": value for name, value in values.items()})
 
 
-def _train_monitored(graph, inputs, loop, args, config):
+def _train_monitored(graph, inputs, loop, args, config, out):
     """The shape's loop through parallax.MonitoredTrainingSession with TensorFlow's hooks: the
-    chief's checkpoint and summary savers and step counter, a NanTensorHook and a
-    LoggingTensorHook everywhere. (worker id, fetched, variables)."""
+    chief's checkpoint (in OUT/train) and summary savers and step counter, a NanTensorHook and
+    a LoggingTensorHook everywhere. (worker id, fetched, variables)."""
     with graph.as_default():
         shard = _Shard()
         watched = tf.reduce_sum(tf.compat.v1.trainable_variables()[0])
@@ -651,7 +653,7 @@ def _train_monitored(graph, inputs, loop, args, config):
                  tf.compat.v1.train.LoggingTensorHook({"watched": watched}, every_n_iter=5),
                  shard]
         with parallax.MonitoredTrainingSession(
-                args.resources, config, checkpoint_dir=os.path.join(args.out, "train"),
+                args.resources, config, checkpoint_dir=os.path.join(out, "train"),
                 save_checkpoint_steps=4, save_summaries_steps=3, log_step_count_steps=5,
                 hooks=hooks) as session:
             # A monitored session initializes: its scripts run no initializer (the chief's
