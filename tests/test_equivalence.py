@@ -30,6 +30,10 @@ GROUPS = {
     # is sparse, so the table goes to a server and the Dense kernels are allreduced.
     "HYBRID": (["sparse", "lstm", "keras-embedding", "lookup-sparse", "seq2seq"], TWO_MACHINES,
                ["--run-option", "HYBRID", "--fetch-gradients"]),
+    # Ids made unique before the lookup (embedding_lookup_sparse): one device's gradient has
+    # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
+    "PS-no-local-aggregation": (["sparse", "lookup-sparse"], TWO_MACHINES,
+                                ["--run-option", "PS", "--ps-off", "local_aggregation"]),
 }
 JOBS = {
     # name: (model, resources, extra arguments), or (model, group) for a model of a group
@@ -37,8 +41,7 @@ JOBS = {
     "PS": ("sparse", "PS"), "PS-lstm": ("lstm", "PS"), "PS-seq2seq": ("seq2seq", "PS"),
     "HYBRID": ("sparse", "HYBRID"),
     **{f"HYBRID-{model}": (model, "HYBRID") for model in GROUPS["HYBRID"][0][1:]},
-    "PS-no-local-aggregation": ("sparse", TWO_MACHINES,
-                                ["--run-option", "PS", "--ps-off", "local_aggregation"]),
+    "PS-no-local-aggregation": ("sparse", "PS-no-local-aggregation"),
     "PS-no-optimizations": ("sparse", TWO_MACHINES, [
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
         "boundary_between_workers_and_servers"]),
@@ -54,10 +57,7 @@ JOBS = {
     # it when the plan they keep needs none).
     "AR-rejoining-horovod": ("dense", TWO_MACHINES, ["--run-option", "AR",
                                                      "--rejoin-horovod"]),
-    # Ids made unique before the lookup (embedding_lookup_sparse): one device's gradient has
-    # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
-    "PS-lookup-sparse-no-local-aggregation": ("lookup-sparse", TWO_MACHINES, [
-        "--run-option", "PS", "--ps-off", "local_aggregation"]),
+    "PS-lookup-sparse-no-local-aggregation": ("lookup-sparse", "PS-no-local-aggregation"),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
     "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
     # The embedding, which the user did not partition, split over both servers
