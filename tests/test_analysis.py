@@ -133,6 +133,10 @@ def test_each_config_option_belongs_to_one_stage_and_reaches_it():
     owned = [field.name for part in parts for field in dataclasses.fields(part)]
     assert sorted(owned) == sorted(field.name for field in dataclasses.fields(parallax.Config))
     assert len(owned) == len(set(owned))
+    defaults, config_defaults = [part() for part in parts], parallax.Config()
+    for part in defaults:  # the user's object has each part's defaults
+        for field in dataclasses.fields(part):
+            assert getattr(config_defaults, field.name) == getattr(part, field.name), field.name
     config = parallax.Config(run_option="mpi", ps_config=parallax.PSConfig(local_aggregation=False),
                              export_graph_path="/tmp/graphs", base_port=4000, max_restarts=1,
                              ckpt_config=parallax.CheckpointConfig(ckpt_dir="/tmp/ckpt"))
