@@ -3,7 +3,7 @@ input, random draws, restores, function calls) and the walks over a graph's ops.
 types is written here once; the stages import it."""
 from __future__ import annotations
 
-from typing import Collection, Iterable, List, Set
+from typing import Callable, Collection, Hashable, Iterable, Iterator, List, Set, TypeVar
 
 import tensorflow as tf
 
@@ -47,6 +47,28 @@ def is_setting(op: tf.Operation) -> bool:
 
 
 # -- walks ----------------------------------------------------------------------------------
+Node = TypeVar("Node", bound=Hashable)
+
+
+def walk(start: Iterable[Node], successors: Callable[[Node], Iterable[Node]]) -> Iterator[Node]:
+    """Each of `start` and all that `successors` leads to from it, once each, depth first: the
+    walk the others here are, for walks of their own (what a node leads to is the caller's:
+    parents, consumers, or none past where it stops)."""
+    seen, stack = set(), list(start)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        yield node
+        stack.extend(successors(node))
+
+
+def data_consumers(op: tf.Operation) -> List[tf.Operation]:
+    """The ops that take an output of `op` as an input."""
+    return [consumer for out in op.outputs for consumer in out.consumers()]
+
+
 def parents(op: tf.Operation) -> List[tf.Operation]:
     """The ops `op` waits for, by data or control."""
     return [t.op for t in op.inputs] + list(op.control_inputs)
@@ -89,12 +111,5 @@ def downstream_ops(ops, inside=None, until=frozenset()) -> set:
 def reached(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor]) -> Set[tf.Operation]:
     """The ops a run of `ops` runs: they and what they wait for, not looking behind the fed
     tensors."""
-    seen, stack = set(), list(ops)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs if t not in fed)
-        stack.extend(op.control_inputs)
-    return seen
+    return set(walk(ops, lambda op: [t.op for t in op.inputs if t not in fed]
+                     + list(op.control_inputs)))

@@ -20,7 +20,7 @@ from parallax.planning import counters
 from parallax.vocabulary import (DATA_SOURCE_OPS, DIVIDING_OPS, FUNCTION_CALL_OPS,
                                  PLACEHOLDER_OPS, RESTORE_OP_TYPES, SHAPE_ONLY_OPS,
                                  STATEFUL_RANDOM_OP_TYPES, VARIABLE_OP_TYPES, downstream_ops,
-                                 is_setting, parents, upstream_ops)
+                                 is_setting, parents, upstream_ops, walk)
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
 # assignments and scatters write their first input.
@@ -409,16 +409,9 @@ def _per_worker_ops(graph: tf.Graph, gradient_names: set, settings: bool = True)
 def _data_downstream(ops, stop: set, values_only: bool = False) -> set:
     """Names of the ops computed from `ops` (not past the tensors named in `stop`); with
     `values_only`, not through ops that read only their inputs' shapes."""
-    seen, frontier = set(), list(ops)
-    while frontier:
-        op = frontier.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        frontier.extend(c for out in op.outputs if out.name not in stop
-                        for c in out.consumers()
-                        if not (values_only and c.type in SHAPE_ONLY_OPS))
-    return seen
+    return {op.name for op in walk(ops, lambda op: [
+        c for out in op.outputs if out.name not in stop for c in out.consumers()
+        if not (values_only and c.type in SHAPE_ONLY_OPS)])}
 
 
 def _check_gradients_are_applied(graph, records, writes) -> None:
@@ -530,18 +523,13 @@ def _variable_behind(tensor: tf.Tensor) -> Optional[str]:
 def _variables_read(graph: tf.Graph, op_names: List[str], stop: set) -> set:
     """Variables whose handles or refs feed `op_names`, not looking past the gradients (beyond
     them lies the whole forward pass)."""
-    found, seen = set(), set()
-    frontier = [graph.get_operation_by_name(name) for name in op_names]
-    while frontier:
-        op = frontier.pop()
-        if op in seen or op in stop:
-            continue
-        seen.add(op)
-        if op.type in VARIABLE_OP_TYPES:
-            found.add(op.name)
-            continue
-        frontier.extend(t.op for t in op.inputs)
-    return found
+    def inputs(op):
+        return [] if op.type in VARIABLE_OP_TYPES else [t.op for t in op.inputs
+                                                        if t.op not in stop]
+
+    start = [graph.get_operation_by_name(name) for name in op_names]
+    return {op.name for op in walk([op for op in start if op not in stop], inputs)
+            if op.type in VARIABLE_OP_TYPES}
 
 
 def _colocated_variable(graph: tf.Graph, name: str, variables) -> Optional[str]:

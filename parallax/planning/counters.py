@@ -23,7 +23,7 @@ from typing import Iterable, List, Optional, Set
 import numpy as np
 import tensorflow as tf
 
-from parallax.vocabulary import DIVIDING_OPS, PLACEHOLDER_OPS
+from parallax.vocabulary import DIVIDING_OPS, PLACEHOLDER_OPS, parents, walk
 
 
 class Increment(enum.Enum):
@@ -120,15 +120,10 @@ def static_value(tensor: tf.Tensor):
     value = tf.get_static_value(tensor)
     if value is not None:
         return value
-    seen, stack = set(), [tensor.op]
-    while stack:  # what running it would run
-        op = stack.pop()
+    for op in walk([tensor.op], parents):  # what running it would run
         if op.op_def.is_stateful or op.type in PLACEHOLDER_OPS or op.type in (
                 "Enter", "Switch", "Merge"):
             return None
-        seen.add(op)
-        stack.extend(p for p in [t.op for t in op.inputs] + list(op.control_inputs)
-                     if p not in seen)
     with tf.compat.v1.Session(graph=tensor.graph) as session:
         return session.run(tensor)
 

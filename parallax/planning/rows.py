@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from parallax.vocabulary import walk
+
 # Ops that add rows of one id together (or, Unique, find them): duplicates do not matter.
 _ROW_ADDERS = frozenset({"UnsortedSegmentSum", "Unique", "ResourceScatterAdd",
                          "ResourceScatterSub", "ScatterAdd", "ScatterSub"})
@@ -19,15 +21,8 @@ _UNIQUE_OPS = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCo
 def rows_unique_per_batch(indices: tf.Tensor) -> bool:
     """Whether a gradient's ids derive from unique ids (tf.unique's first output): a lookup of
     deduplicated ids, through any ops (the shards of a partitioned table take them apart)."""
-    seen, stack = set(), [indices]
-    while stack:
-        tensor = stack.pop()
-        if tensor.op.type in _UNIQUE_OPS and tensor.value_index == 0:
-            return True
-        if tensor.op not in seen:
-            seen.add(tensor.op)
-            stack.extend(tensor.op.inputs)
-    return False
+    return any(tensor.op.type in _UNIQUE_OPS and tensor.value_index == 0
+               for tensor in walk([indices], lambda tensor: tensor.op.inputs))
 
 
 def rows_can_be_summed(values: tf.Tensor, indices: tf.Tensor) -> bool:

@@ -28,7 +28,8 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
-from parallax.vocabulary import RESTORE_OP_TYPES, VARIABLE_OP_TYPES, upstream_ops
+from parallax.vocabulary import (RESTORE_OP_TYPES, VARIABLE_OP_TYPES, data_consumers, upstream_ops,
+                                 walk)
 from parallax.rewriting.passes.sync import release_step
 
 
@@ -179,35 +180,27 @@ class Steps:
 
     def _reached(self, start_ops, fed):
         """Ops a run of `start_ops` runs, up to and including the aggregates; those aggregates."""
-        reached, aggregates, stack = set(), set(), list(start_ops)
-        while stack:
-            op = stack.pop()
-            if op in reached:
-                continue
-            reached.add(op)
+        aggregates = set()
+
+        def ahead(op):
             if op in self._aggregates_of:
                 aggregates.update(self._aggregates_of[op])
                 if op not in self._computed_from_aggregates:
-                    continue
-            stack.extend(t.op for t in op.inputs if t not in fed)
-            stack.extend(op.control_inputs)
-        return reached, aggregates
+                    return []
+            return [t.op for t in op.inputs if t not in fed] + list(op.control_inputs)
+
+        return set(walk(start_ops, ahead)), aggregates
 
     def _aggregates_computed_from_others(self) -> set:
         """Aggregate ops computed from another aggregate, as a penalty on the gradients is
         differentiated again (analysis.differentiated): what is behind them reaches on to the
         aggregates they need, which a step computes with them."""
-        seen, found = set(), set()
-        stack = [c for op in self._aggregates_of for out in op.outputs for c in out.consumers()]
-        while stack:
-            op = stack.pop()
-            if op in seen or op in self._writes:
-                continue
-            seen.add(op)
-            if op in self._aggregates_of:
-                found.add(op)
-            stack.extend(c for out in op.outputs for c in out.consumers())
-        return found
+        def after(op):
+            return [c for c in data_consumers(op) if c not in self._writes]
+
+        start = [c for op in self._aggregates_of for c in data_consumers(op)
+                 if c not in self._writes]
+        return {op for op in walk(start, after) if op in self._aggregates_of}
 
 
 def _restore_writes(op: tf.Operation) -> List[tf.Operation]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.vocabulary import VARIABLE_OP_TYPES
+from parallax.vocabulary import VARIABLE_OP_TYPES, data_consumers, walk
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
@@ -65,20 +65,15 @@ def _device(op, process, plan):
 
 def _between(starts, ends) -> set:
     """Ops on a data path from `starts` to `ends`, both excluded."""
-    downstream, stack = set(), list(starts)
-    while stack:
-        for out in stack.pop().outputs:
-            for consumer in out.consumers():
-                if consumer not in downstream and consumer not in ends:
-                    downstream.add(consumer)
-                    stack.append(consumer)
-    upstream, stack = set(), list(ends)
-    while stack:
-        for parent in (t.op for t in stack.pop().inputs):
-            if parent in downstream and parent not in upstream:
-                upstream.add(parent)
-                stack.append(parent)
-    return upstream
+    def after(op):
+        return [c for c in data_consumers(op) if c not in ends]
+
+    downstream = set(walk([c for op in starts for c in after(op)], after))
+
+    def before(op):
+        return [t.op for t in op.inputs if t.op in downstream]
+
+    return set(walk([p for op in ends for p in before(op)], before))
 
 
 def _topological(ops):

@@ -26,6 +26,7 @@ from parallax.errors import ParallaxError
 from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
+from parallax.vocabulary import data_consumers, parents, walk
 
 
 @graph_pass(needs=["aggregated on servers", "worker ops pinned"], produces=["steps synchronized"],
@@ -92,17 +93,12 @@ def _pushes_behind(graph):
                for name, trigger in contracts.read_triggers(graph).items()}
     all_pushes = set(push_of.values())
 
+    def is_push(op):
+        return op in push_of or op in all_pushes
+
     def pushes(write):
-        found, seen, stack = set(), set(), [write]
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            if op in push_of or op in all_pushes:
-                found.add(push_of.get(op, op))
-                continue
-            stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+        found = {push_of.get(op, op) for op in walk([write], lambda op: [] if is_push(op)
+                                                   else parents(op)) if is_push(op)}
         return sorted(found, key=lambda o: o.name)
     return pushes
 
@@ -129,17 +125,10 @@ def _stand_in_after(cut, output, writes) -> None:
 
 def _feeds_only(tensor, ends) -> bool:
     """Whether every data path from `tensor` ends at one of the ops `ends`."""
-    seen, stack = set(), list(tensor.consumers())
-    while stack:
-        op = stack.pop()
-        if op in ends or op in seen:
-            continue
-        seen.add(op)
-        consumers = [c for out in op.outputs for c in out.consumers()]
-        if not consumers:
-            return False  # a value some run may fetch
-        stack.extend(consumers)
-    return True
+    # An op no other takes from is a value some run may fetch.
+    return all(data_consumers(op) for op in walk(
+        [c for c in tensor.consumers() if c not in ends],
+        lambda op: [c for c in data_consumers(op) if c not in ends]))
 
 
 def _replace_control_input(op, old, new) -> None:
