@@ -310,13 +310,14 @@ def test_horovod_shutdown_tracebacks_fold_into_one_line_others_stay_whole():
 def test_a_beating_process_can_fork():
     """grpc's fork support raced with its pollers (SIGABRT at start in about one process in
     five, as TensorFlow and subprocess fork): runner.control turns it off."""
-    control = _job(["h:worker:0"], ["h:worker:0"])
+    names = ["h:worker:0", "h:worker:1"]  # a process each: a second one of a name replays
+    control = _job(names, names)
     forks = ("from runner.control import Heartbeat\nimport subprocess\n"
              "Heartbeat.from_env()\nfor _ in range(300):\n"
              "    subprocess.run(['true'], preexec_fn=lambda: None)\n")
-    env = dict(os.environ, PYTHONPATH=REPO, **control.env_for("h:worker:0"))
-    env.pop("GRPC_ENABLE_FORK_SUPPORT", None)
-    for _ in range(2):
+    for name in names:
+        env = dict(os.environ, PYTHONPATH=REPO, **control.env_for(name))
+        env.pop("GRPC_ENABLE_FORK_SUPPORT", None)
         child = subprocess.run([sys.executable, "-c", forks], env=env, cwd=REPO,
                                capture_output=True, text=True, timeout=120)
         assert child.returncode == 0 and "epoll" not in child.stderr, child.stderr[-2000:]
