@@ -237,9 +237,7 @@ class Config:
 
     def __post_init__(self):
         self.run_option = self.plan_options.run_option  # checked, and 'MPI' spelled 'AR'
-        settings = self.launch_settings
-        self.runtime_options  # pylint: disable=pointless-statement  (checked)
-        if settings.max_restarts and not self.ckpt_config.ckpt_dir:
+        if self.launch_settings.max_restarts and not self.ckpt_config.ckpt_dir:
             raise ValueError(f"max_restarts={self.max_restarts} needs "
                              "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
                              "resumes from its latest checkpoint")

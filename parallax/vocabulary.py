@@ -69,6 +69,13 @@ def data_consumers(op: tf.Operation) -> List[tf.Operation]:
     return [consumer for out in op.outputs for consumer in out.consumers()]
 
 
+def computed_from(first: Iterable[tf.Operation], stop: Collection[tf.Operation] = ()
+                  ) -> Iterator[tf.Operation]:
+    """`first` and the ops computed from them by data, never entering those in `stop`."""
+    return walk([op for op in first if op not in stop],
+                lambda op: [c for c in data_consumers(op) if c not in stop])
+
+
 def parents(op: tf.Operation) -> List[tf.Operation]:
     """The ops `op` waits for, by data or control."""
     return [t.op for t in op.inputs] + list(op.control_inputs)

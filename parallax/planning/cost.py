@@ -114,6 +114,13 @@ class Method:
 Traffic = List[List[float]]  # per machine: [bytes sent, bytes received]
 
 
+def ps_options(ps_config) -> Dict[str, bool]:
+    """The keywords of link_phases (and of what calls it) for the parameter-server path's
+    options that run (a parallax.PSConfig)."""
+    return {"local_aggregation": ps_config.local_aggregation,
+            "unique_pulls": ps_config.boundary_between_workers_and_servers}
+
+
 def link_bytes(var: VariableStats, method: Method, cluster: Shape,
                local_aggregation: bool = True, unique_pulls: bool = True,
                hierarchical_allreduce: bool = False) -> Traffic:

@@ -87,9 +87,8 @@ def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[s
             continue
         method = cost.Method(var_plan.sync.value,
                              (var_plan.server,) if var_plan.sync is Sync.PS else ())
-        phases = cost.link_phases(
-            stats[name], method, shape, local_aggregation=plan.ps_config.local_aggregation,
-            unique_pulls=plan.ps_config.boundary_between_workers_and_servers,
-            hierarchical_allreduce=plan.hierarchical_allreduce)
+        phases = cost.link_phases(stats[name], method, shape,
+                                  hierarchical_allreduce=plan.hierarchical_allreduce,
+                                  **cost.ps_options(plan.ps_config))
         predicted[name] = cost.busiest_bytes(phases)
     return predicted

@@ -47,8 +47,7 @@ def choose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     server holds that can be, over every machine."""
     run_option, split = options.run_option, options.split_variables
     hierarchical_allreduce = options.hierarchical_allreduce
-    priced = {"local_aggregation": options.ps_config.local_aggregation,
-              "unique_pulls": options.ps_config.boundary_between_workers_and_servers}
+    priced = cost.ps_options(options.ps_config)
     workers_per_machine, shape = measured.workers_per_machine, measured.shape
     links, within_machine = measured.links or cost.Links(), measured.within_machine
     stats, timed, compute_problem = measured.stats, measured.timing, measured.compute_problem

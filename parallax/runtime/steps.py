@@ -28,8 +28,8 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
-from parallax.vocabulary import (RESTORE_OP_TYPES, VARIABLE_OP_TYPES, data_consumers, upstream_ops,
-                                 walk)
+from parallax.vocabulary import (RESTORE_OP_TYPES, VARIABLE_OP_TYPES, computed_from,
+                                 data_consumers, upstream_ops, walk)
 from parallax.rewriting.passes.sync import release_step
 
 
@@ -195,12 +195,9 @@ class Steps:
         """Aggregate ops computed from another aggregate, as a penalty on the gradients is
         differentiated again (analysis.differentiated): what is behind them reaches on to the
         aggregates they need, which a step computes with them."""
-        def after(op):
-            return [c for c in data_consumers(op) if c not in self._writes]
-
-        start = [c for op in self._aggregates_of for c in data_consumers(op)
-                 if c not in self._writes]
-        return {op for op in walk(start, after) if op in self._aggregates_of}
+        after_aggregates = [c for op in self._aggregates_of for c in data_consumers(op)]
+        return {op for op in computed_from(after_aggregates, self._writes)
+                if op in self._aggregates_of}
 
 
 def _restore_writes(op: tf.Operation) -> List[tf.Operation]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.vocabulary import VARIABLE_OP_TYPES, data_consumers, walk
+from parallax.vocabulary import VARIABLE_OP_TYPES, computed_from, data_consumers, walk
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
@@ -65,10 +65,7 @@ def _device(op, process, plan):
 
 def _between(starts, ends) -> set:
     """Ops on a data path from `starts` to `ends`, both excluded."""
-    def after(op):
-        return [c for c in data_consumers(op) if c not in ends]
-
-    downstream = set(walk([c for op in starts for c in after(op)], after))
+    downstream = set(computed_from([c for op in starts for c in data_consumers(op)], ends))
 
     def before(op):
         return [t.op for t in op.inputs if t.op in downstream]

@@ -26,7 +26,7 @@ from parallax.errors import ParallaxError
 from parallax.rewriting.rewire import reroute
 from parallax.planning.plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
-from parallax.vocabulary import data_consumers, parents, walk
+from parallax.vocabulary import computed_from, data_consumers, parents, walk
 
 
 @graph_pass(needs=["aggregated on servers", "worker ops pinned"], produces=["steps synchronized"],
@@ -126,9 +126,7 @@ def _stand_in_after(cut, output, writes) -> None:
 def _feeds_only(tensor, ends) -> bool:
     """Whether every data path from `tensor` ends at one of the ops `ends`."""
     # An op no other takes from is a value some run may fetch.
-    return all(data_consumers(op) for op in walk(
-        [c for c in tensor.consumers() if c not in ends],
-        lambda op: [c for c in data_consumers(op) if c not in ends]))
+    return all(data_consumers(op) for op in computed_from(tensor.consumers(), ends))
 
 
 def _replace_control_input(op, old, new) -> None:
