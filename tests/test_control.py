@@ -585,7 +585,7 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
     output = []
     reader = threading.Thread(target=lambda: output.extend(driver.stdout), daemon=True)
     reader.start()
-    settings, deadline = None, time.monotonic() + 120
+    settings, workers, deadline = None, [], time.monotonic() + 120
     while settings is None and time.monotonic() < deadline:
         for child in psutil.Process(driver.pid).children(recursive=True):
             try:
@@ -594,9 +594,18 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
                 continue
             if text and ":worker:" in json.loads(text)["name"]:
                 settings = json.loads(text)
+                workers.append(child)  # a launcher of the worker may hold its env too
         time.sleep(0.2)
     assert settings, "".join(output)[-3000:]
     key, address = bytes.fromhex(settings["key"]), settings["address"]
+    # A beat signed with the key is the worker's until the worker's own first beat: the fuzz's
+    # "replay" (sequence 1) sent before it would be taken, and the driver would then hold the
+    # still-importing worker to the heartbeat timeout. So the fuzz starts once it beats.
+    port = int(address.rsplit(":", 1)[1])
+    while not _connected(workers, port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _connected(workers, port), "".join(output)[-3000:]
+    time.sleep(1.0)  # its first beat answered
 
     def ended(within=10.0):
         try:
@@ -616,6 +625,18 @@ def test_a_live_job_trains_on_through_a_fuzz_of_its_control_plane():
     assert "a replay" in text and "progress is not an object" in text
     assert not any(blame in text for blame in ("no heartbeat", "stalled", "never reached",
                                                "Traceback"))
+
+
+def _connected(processes, port):
+    """Whether one of `processes` holds a TCP connection to `port` (a heartbeat's channel)."""
+    for process in processes:
+        try:
+            if any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                   for c in process.net_connections("inet")):
+                return True
+        except psutil.Error:
+            pass
+    return False
 
 
 def _fuzz(address, key, job, name, ended, seconds=15.0):
