@@ -12,8 +12,10 @@ from typing import List
 class Cluster:
     worker_machines: List[int]  # machine index of each worker, by worker id
     servers: List[str] = dataclasses.field(default_factory=list)  # 'host:port', one per machine
-    workers: List[str] = dataclasses.field(default_factory=list)  # 'host:port' when servers exist
+    # 'host:port' each, when servers exist or the collectives run on the workers' servers
+    workers: List[str] = dataclasses.field(default_factory=list)
     worker_id: int = 0
+    collectives: str = "horovod"  # the library (parallax/collectives/): 'horovod', 'tensorflow'
 
     @property
     def num_workers(self) -> int:

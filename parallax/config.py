@@ -122,6 +122,10 @@ class PlanOptions:
     trial_retime_within: where the second fastest trial is within this fraction of the
         fastest, those two are timed again in the reverse order (a drift of the machine weighs
         on both alike) and each counts the mean of its two rounds; 0 times every plan once.
+    collectives: the library of the allreduce, allgather and broadcast among the workers:
+        'horovod' (Horovod's gloo on CPU; it builds against TensorFlow 2.18 and older) or
+        'tensorflow' (TensorFlow's own collective ops, over a gRPC server on each worker).
+        None: Horovod where it is installed, else TensorFlow's.
     """
 
     run_option: str = "HYBRID"
@@ -135,8 +139,12 @@ class PlanOptions:
     sync: bool = True
     trial_steps: int = 30
     trial_retime_within: float = 0.15
+    collectives: Optional[str] = None
 
     def __post_init__(self):
+        if self.collectives not in (None, "horovod", "tensorflow"):
+            raise ValueError(f"unknown collectives {self.collectives!r}: use 'horovod', "
+                             "'tensorflow' or None (Horovod where it is installed)")
         option = str(self.run_option).upper()
         if option not in RUN_OPTIONS:
             raise ValueError(
@@ -204,8 +212,8 @@ class Config:
     """How a job is distributed and run: the user's one object. Its keywords are those of the
     parts each stage receives, documented there: PlanOptions (run_option, average_dense,
     average_sparse, ps_config, hierarchical_allreduce, split_variables, sync_batch_norm,
-    search_partitions, sync, trial_steps, trial_retime_within), RuntimeOptions (sess_config,
-    ckpt_config, profile_config, export_graph_path, warn_unsharded_input) and
+    search_partitions, sync, trial_steps, trial_retime_within, collectives), RuntimeOptions
+    (sess_config, ckpt_config, profile_config, export_graph_path, warn_unsharded_input) and
     runner.settings.Settings (ssh, base_port, redirect_path, heartbeat_timeout_secs,
     stall_timeout_secs, max_restarts, metrics_file, progress_bar). A restarted job
     (max_restarts) resumes from its latest checkpoint, so it needs ckpt_config.ckpt_dir."""
@@ -234,6 +242,7 @@ class Config:
     trial_steps: int = 30
     trial_retime_within: float = 0.15
     warn_unsharded_input: bool = True
+    collectives: Optional[str] = None
 
     def __post_init__(self):
         self.run_option = self.plan_options.run_option  # checked, and 'MPI' spelled 'AR'

@@ -8,7 +8,7 @@ from typing import List, NoReturn, Optional
 
 import tensorflow as tf
 
-from parallax import contracts, launch
+from parallax import collectives, contracts, launch
 from parallax.cluster import Cluster
 from parallax.config import Config, PlanOptions
 from parallax.errors import ParallaxError
@@ -29,8 +29,9 @@ def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
     plans = make_job_plans(graph, analysis, resources, config.plan_options, settings)
     for warning in warnings(plans[0], analysis):
         launch.say(f"warning: {warning}")
-    launch.run_driver(resources, settings, config.runtime_options, bool(plans[0].cluster.servers),
-                      contracts.plan_env([plan.to_text() for plan in plans],
+    cluster = plans[0].cluster
+    launch.run_driver(resources, settings, config.runtime_options, cluster.has_servers,
+                      cluster.collectives, contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))
 
@@ -89,7 +90,7 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
                        for d in decisions)
     machines = [m for m, count in enumerate(workers_per_machine) for _ in range(count)]
     servers = [f"server {m}" for m in range(len(workers_per_machine))] if with_servers else []
-    cluster = Cluster(machines, servers)
+    cluster = Cluster(machines, servers, collectives=collectives.choose(options.collectives))
     plans = [make_plan(planned, options, cluster, decision=decision)]
     for alternative in decisions[1:]:
         try:

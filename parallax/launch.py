@@ -10,6 +10,7 @@ interpreter, virtualenv).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -29,7 +30,6 @@ from runner.control import ControlServer
 from runner.free_ports import free_ports
 from runner.process import GRACE_SECONDS
 from runner.progress import ProgressDisplay
-from runner.rendezvous import GlooRendezvous
 from runner.resources import Host, is_local
 from runner.settings import Settings
 from runner import slurm
@@ -79,9 +79,11 @@ def _remote_shell(resources: str, settings: Settings) -> Shell:
 
 
 def run_driver(resources: str, settings: Settings, runtime: RuntimeOptions, with_servers: bool,
-               job_env: Dict[str, str]) -> NoReturn:
+               collectives: str, job_env: Dict[str, str]) -> NoReturn:
     """Run the job (again, up to settings.max_restarts times, when it fails) and exit with its
-    status. `job_env` (the plan) goes to every process of the job; of the `runtime` options
+    status. `collectives` is the library the workers use (parallax/collectives/: Horovod's
+    needs its rendezvous, TensorFlow's a server on each worker). `job_env` (the plan) goes to
+    every process of the job; of the `runtime` options
     the driver reads where checkpoints go (the chief, which saves, is stopped first) and
     whether to warn of unsharded input."""
     hosts = load_resources(resources)
@@ -96,7 +98,8 @@ def run_driver(resources: str, settings: Settings, runtime: RuntimeOptions, with
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
     for attempt in range(settings.max_restarts + 1):
         try:
-            _run_job(hosts, address, settings, runtime, shell, with_servers, attempt, job_env)
+            _run_job(hosts, address, settings, runtime, shell, with_servers, collectives,
+                     attempt, job_env)
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == settings.max_restarts:
@@ -132,14 +135,17 @@ def _exit(code: int) -> NoReturn:
 
 
 def _run_job(hosts, address, settings: Settings, runtime: RuntimeOptions, shell: Shell,
-             with_servers: bool, attempt: int, job_env: Dict[str, str]) -> None:
+             with_servers: bool, collectives: str, attempt: int, job_env: Dict[str, str]
+             ) -> None:
     """One attempt of the job: ports, rendezvous, control plane, processes; raises JobFailed."""
     slots = [(machine, host, slot) for machine, host in enumerate(hosts) for slot in host.slots]
-    cluster = Cluster(worker_machines=[machine for machine, _, _ in slots])
-    if with_servers:
-        ports = _ports(hosts, settings, shell)
-        cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts]
-        cluster.workers = [f"{host.name}:{ports[host.name][1 + host.slots.index(slot)]}"
+    cluster = Cluster(worker_machines=[machine for machine, _, _ in slots],
+                      collectives=collectives)
+    if with_servers or collectives == "tensorflow":
+        ports = _ports(hosts, settings, shell, with_servers)
+        first = 1 if with_servers else 0
+        cluster.servers = [f"{h.name}:{ports[h.name][0]}" for h in hosts] if with_servers else []
+        cluster.workers = [f"{host.name}:{ports[host.name][first + host.slots.index(slot)]}"
                            for _, host, slot in slots]
     else:
         for host in hosts:
@@ -148,11 +154,15 @@ def _run_job(hosts, address, settings: Settings, runtime: RuntimeOptions, shell:
     if settings.redirect_path:
         os.makedirs(settings.redirect_path, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        # Always: a get_runner after the first may need the collectives its plan did not.
-        per_host: Dict[str, int] = {}
-        for _, host, _ in slots:
-            per_host[host.name] = per_host.get(host.name, 0) + 1
-        rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
+        rendezvous = None
+        if collectives == "horovod":
+            # Always: a get_runner after the first may need the collectives its plan did not.
+            from runner.rendezvous import GlooRendezvous  # pylint: disable=C0415  (Horovod's)
+
+            per_host: Dict[str, int] = {}
+            for _, host, _ in slots:
+                per_host[host.name] = per_host.get(host.name, 0) + 1
+            rendezvous = stack.enter_context(GlooRendezvous(list(per_host.items()), address))
         specs = [_server_spec(index, host.name, cluster, settings, shell)
                  for index, host in enumerate(hosts) if with_servers]
         specs += [_worker_spec(rank, host.name, slot, cluster, rendezvous, settings, shell,
@@ -191,12 +201,13 @@ def _watchdog(control: ControlServer, warn_unsharded_input: bool):
     return check
 
 
-def _ports(hosts: List[Host], settings: Settings, shell: Shell) -> Dict[str, List[int]]:
-    """Ports for each host's server and workers: consecutive from settings.base_port when set,
+def _ports(hosts: List[Host], settings: Settings, shell: Shell, with_servers: bool
+           ) -> Dict[str, List[int]]:
+    """Ports for each host's server (`with_servers`) and workers: consecutive from settings.base_port when set,
     else free ones, asked on the host itself when it is remote. The local hosts (127.0.0.x)
     get theirs in one draw: their servers all listen on every address of this machine, so two
     draws could hand the same port to two of them."""
-    counts = {host.name: 1 + len(host.slots) for host in hosts}
+    counts = {host.name: int(with_servers) + len(host.slots) for host in hosts}
     if settings.base_port:
         return {name: list(range(settings.base_port, settings.base_port + count))
                 for name, count in counts.items()}
@@ -258,11 +269,11 @@ def _server_spec(index: int, host: str, cluster: Cluster, settings: Settings, sh
 
 def _worker_spec(rank, host, slot, cluster, rendezvous, settings, shell, saves_on_stop: bool
                  ) -> ProcessSpec:
-    env = _job_env(Cluster(cluster.worker_machines, cluster.servers, cluster.workers, rank),
-                   "worker")
-    # Loopback 'machines' share this machine's 'lo'; a remote rank's gloo resolves its own host
-    # name to find its address.
-    env.update(rendezvous.env_for_rank(rank, gloo_iface="lo" if is_local(host) else None))
+    env = _job_env(dataclasses.replace(cluster, worker_id=rank), "worker")
+    if rendezvous is not None:
+        # Loopback 'machines' share this machine's 'lo'; a remote rank's gloo resolves its own
+        # host name to find its address.
+        env.update(rendezvous.env_for_rank(rank, gloo_iface="lo" if is_local(host) else None))
     env["CUDA_VISIBLE_DEVICES"] = str(slot)
     # orig_argv keeps interpreter options and '-m module', so the worker runs what the user ran.
     spec = _spec(f"{host}:worker:{rank}", host, [sys.executable] + sys.orig_argv[1:], env,

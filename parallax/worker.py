@@ -10,12 +10,11 @@ import logging
 import os
 import sys
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
 from parallax import contracts
-from parallax.cluster import Cluster
 from parallax.collectives import create as create_collectives
 from parallax.config import CheckpointConfig, PlanOptions, RuntimeOptions
 from parallax.errors import ParallaxError
@@ -34,7 +33,7 @@ from parallax.runtime.session import ParallaxRunner, install_chief_only_saves
 from runner.output import PAST_STARTUP
 
 log = logging.getLogger("parallax")
-LEFT_COLLECTIVES = "Horovod left: no step of the plan uses it"
+LEFT_COLLECTIVES = "collectives left: no step of the plan uses them"
 
 
 class WorkerProcess:
@@ -47,11 +46,24 @@ class WorkerProcess:
     def __init__(self, heartbeat):
         self.heartbeat = heartbeat  # None unless a driver started this process
         self.cluster = contracts.read_cluster()
-        self.collectives = create_collectives(self.cluster)
+        self._server = None
+        self.collectives = create_collectives(self.cluster, self.server)
         self.run_indices = itertools.count()
         # Whether a runner this process returned runs collectives in its steps, or agrees
         # through them (a MonitoredTrainingSession): then no later get_runner may leave them.
         self.collectives_in_use = False
+
+    def server(self, config: Optional[tf.compat.v1.ConfigProto] = None
+               ) -> tf.compat.v1.train.Server:
+        """This worker's gRPC server, started by the first call (with its `config`, the
+        collectives' settings added): one per process, however many runners it creates (a
+        port is bound once)."""
+        if self._server is None:
+            config = self.collectives.configure(
+                tf.compat.v1.ConfigProto.FromString(config.SerializeToString()) if config
+                else tf.compat.v1.ConfigProto())
+            self._server = start_server(self.cluster, "worker", self.cluster.worker_id, config)
+        return self._server
 
     def leave_if_unused(self) -> bool:
         """Leave the collectives unless a runner of the process uses them; whether it left.
@@ -207,11 +219,15 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     sess_config.CopyFrom(runtime.sess_config
                          or tf.compat.v1.ConfigProto(allow_soft_placement=True))
     target = ""
-    if cluster.has_servers and plan.run_option in ("PS", "HYBRID"):
-        # Each worker talks to the servers and to itself only, never waits for its peers. (An
-        # AR plan AUTO times in a job with servers runs in a session of this process alone.)
-        sess_config.device_filters[:] = ["/job:ps", cluster.worker_device()]
-        target = _worker_server(cluster, sess_config).target
+    on_servers = cluster.has_servers and plan.run_option in ("PS", "HYBRID")
+    if on_servers or process.collectives.needs_worker_server:
+        # Each worker talks to the servers and to itself only, never waits for its peers (its
+        # collectives find theirs through the group leader). An AR plan AUTO times in a job
+        # with servers runs without them.
+        sess_config.device_filters[:] = (["/job:ps"] if on_servers else []) + [
+            cluster.worker_device()]
+        process.collectives.configure(sess_config)
+        target = process.server(sess_config).target
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
     checkpointer = Checkpointer(graph, runtime.ckpt_config if first else CheckpointConfig(),
                                 cluster.is_chief)
@@ -238,19 +254,6 @@ def _past_startup() -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.write(1, b"\n" + PAST_STARTUP)
-
-
-@functools.lru_cache(maxsize=None)
-def _server_of_process(cluster_json, worker_id, sess_config_bytes):
-    return start_server(Cluster.from_json(cluster_json), "worker", worker_id,
-                        tf.compat.v1.ConfigProto.FromString(sess_config_bytes))
-
-
-def _worker_server(cluster, sess_config):
-    """This worker's gRPC server: one per process, however many runners it creates (a port
-    can be bound once)."""
-    return _server_of_process(cluster.to_env(), cluster.worker_id,
-                              sess_config.SerializeToString())
 
 
 def _initialize(session, graph, cluster, checkpointer, broadcast: bool = True) -> None:

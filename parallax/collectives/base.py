@@ -3,9 +3,9 @@ into a worker's graph (allreduce, the allgather of slices, broadcast, within gro
 such as machine stages) and what a worker process does with the library (join, leave, and the
 small agreements of the monitored session, AUTO's trials and the checkpoint choice). Every call
 of a collectives library goes through `Collectives`; the implementations live beside it
-(horovod.py). One object per worker process holds its membership; the ops it builds ask
-nothing of a joined library, so a graph can be rewritten where it never joins (the driver's
-AUTO probe, tests)."""
+(horovod.py, tensorflow.py). One object per worker process holds its membership; the ops it
+builds ask nothing of a joined library, so a graph can be rewritten where it never joins (the
+driver's AUTO probe, tests)."""
 from __future__ import annotations
 
 import abc
@@ -20,8 +20,24 @@ from parallax.cluster import Cluster
 class Collectives(abc.ABC):
     """A collectives library among the workers of `cluster`."""
 
+    # Whether a session that runs these collectives must be one of the worker's gRPC server
+    # (then every worker has one, and `session`/`configure` say how to reach it).
+    needs_worker_server = False
+
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
+
+    def configure(self, config: tf.compat.v1.ConfigProto) -> tf.compat.v1.ConfigProto:
+        """`config` (changed in place) for a session or server whose runs hold collectives."""
+        return config
+
+    def for_steps(self) -> "Collectives":
+        """The collectives to build a runner's steps with (the rewriting passes')."""
+        return self
+
+    def session(self, graph: tf.Graph, config=None) -> tf.compat.v1.Session:
+        """A session of `graph`, whose runs hold collectives only."""
+        return tf.compat.v1.Session(graph=graph, config=config)
 
     # -- ops in a graph -------------------------------------------------------------------
     @abc.abstractmethod
@@ -30,6 +46,10 @@ class Collectives(abc.ABC):
                   ) -> tf.Tensor:
         """The sum (or mean) of `tensor` over the workers, or over the workers of `group`
         (one of cluster.machine_groups(), available once joined with `stages`)."""
+
+    def allreduce_all(self, tensors: List[tf.Tensor], average: bool) -> List[tf.Tensor]:
+        """The allreduce of each of `tensors` (a step's gradients), over all workers."""
+        return [self.allreduce(tensor, average) for tensor in tensors]
 
     @abc.abstractmethod
     def allgather_slices(self, slices: tf.IndexedSlices, average: bool) -> tf.IndexedSlices:
@@ -62,7 +82,7 @@ class Collectives(abc.ABC):
         with graph.as_default():
             flag = tf.compat.v1.placeholder(tf.int32, [])
             flags = self.allreduce(flag, average=False, name=name)
-        session = tf.compat.v1.Session(graph=graph)
+        session = self.session(graph)
         return lambda mine: bool(session.run(flags, {flag: np.int32(mine)}))
 
     def chief_vector(self, name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -72,5 +92,5 @@ class Collectives(abc.ABC):
         with graph.as_default():
             vector = tf.compat.v1.placeholder(tf.float64, [None])
             agreed = self.broadcast(vector, name=name)
-        session = tf.compat.v1.Session(graph=graph)
+        session = self.session(graph)
         return lambda values: session.run(agreed, {vector: values})

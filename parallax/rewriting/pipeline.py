@@ -40,8 +40,11 @@ _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
 _PS_ASYNC = (place_variables_on_servers, mark_servers_ready, pin_to_worker,
              copy_loop_reads_to_worker, place_boundary_ops, gather_unique_rows,
              separate_runner_state)
+# Where the sessions run on the worker's own gRPC server (TensorFlow's collectives), replicas
+# are pinned to it and each runner's state kept apart, as beside servers.
+_OWN_SERVER = (place_variables_on_servers, pin_to_worker, separate_runner_state)
 _PIPELINES = {
-    "AR": (allreduce_gradients,) + _REPLICAS,
+    "AR": (allreduce_gradients,) + _REPLICAS + _OWN_SERVER,
     "PS": _REPLICAS + _PS,
     "HYBRID": (allreduce_gradients,) + _REPLICAS + _PS,
 }
@@ -57,11 +60,13 @@ def transform(graph: tf.Graph, plan: Plan, collectives: Optional[Collectives] = 
     a new, unjoined one of the plan's cluster where none is given)."""
     passes = (_ASYNC_PIPELINES if plan.asynchronous else _PIPELINES)[plan.run_option]
     check_order(passes)
+    if collectives is not None:
+        collectives = collectives.for_steps()
     for graph_pass in passes:
         if not graph_pass.declaration.runs_if(plan):
             continue
         if graph_pass.declaration.collective:
-            collectives = collectives or create_collectives(plan.cluster)
+            collectives = collectives or create_collectives(plan.cluster, server=None).for_steps()
             graph = graph_pass(graph, plan, collectives)
         else:
             graph = graph_pass(graph, plan)

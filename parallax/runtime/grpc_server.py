@@ -13,9 +13,10 @@ def start_server(cluster: Cluster, job: str, index: int,
     """The gRPC server of task `index` of `job` ("ps" or "worker"); a port another process
     holds is named, where TensorFlow only says that it could not start."""
     address = (cluster.servers if job == "ps" else cluster.workers)[index]
+    jobs = {"ps": cluster.servers, "worker": cluster.workers}
     try:
         return tf.compat.v1.train.Server(
-            tf.train.ClusterSpec({"ps": cluster.servers, "worker": cluster.workers}),
+            tf.train.ClusterSpec({name: tasks for name, tasks in jobs.items() if tasks}),
             job_name=job, task_index=index, config=config)
     except tf.errors.UnknownError as error:
         if "Could not start gRPC server" not in str(error):

@@ -95,6 +95,10 @@ class ParallaxRunner(tf_private.SessionInterface):
             with graph.as_default():
                 self._queue_threads = tf.compat.v1.train.start_queue_runners(
                     session, coord=self._coordinator, daemon=True)
+        # And the loops of collectives run apart from the steps (collectives/tensorflow.py).
+        for loop in contracts.read_apart_loops(graph):
+            self._queue_threads += loop.create_threads(session, coord=self._coordinator,
+                                                       daemon=True, start=True)
 
     @property
     def graph(self) -> tf.Graph:

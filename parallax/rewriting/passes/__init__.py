@@ -36,3 +36,9 @@ def graph_pass(needs: Iterable[str] = (), produces: Iterable[str] = (),
 
 def with_servers(plan: Plan) -> bool:
     return plan.cluster.has_servers
+
+
+def on_grpc_servers(plan: Plan) -> bool:
+    """Whether the worker's sessions run on gRPC servers: the parameter servers and its own, or
+    its own alone (where its collectives run: TensorFlow's). State there outlives a session."""
+    return plan.cluster.has_servers or bool(plan.cluster.workers)

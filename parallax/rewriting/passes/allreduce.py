@@ -13,6 +13,7 @@ from parallax.rewriting import machine_allreduce, row_sums
 from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
+from parallax.vocabulary import consumers, walk
 from parallax.rewriting.passes import graph_pass
 
 
@@ -22,6 +23,7 @@ def allreduce_gradients(graph: tf.Graph, plan: Plan, collectives: Collectives) -
     (Sync.ALLREDUCE for a sparse variable: its gradients are nearly dense) the allreduce of
     their dense sum."""
     with graph.as_default(), tf.name_scope("parallax_allreduce"):
+        dense = []
         for var_plan in plan.with_sync(Sync.ALLREDUCE, Sync.ALLGATHER):
             average = var_plan.average
             for record in var_plan.variable.gradients:
@@ -31,7 +33,8 @@ def allreduce_gradients(graph: tf.Graph, plan: Plan, collectives: Collectives) -
                 elif record.is_sparse:
                     _aggregate_sparse(graph, record, average, collectives)
                 else:
-                    _aggregate_dense(graph, record, average, plan, collectives)
+                    dense.append((graph.get_tensor_by_name(record.dense), average))
+        _aggregate_dense(dense, plan, collectives)
     return graph
 
 
@@ -41,13 +44,40 @@ def _allreduce(tensor, average: bool, plan: Plan, collectives: Collectives):
     return collectives.allreduce(tensor, average)
 
 
-def _aggregate_dense(graph, record, average, plan, collectives):
-    grad = graph.get_tensor_by_name(record.dense)
-    consumers = list(grad.consumers())
-    with tf.device(grad.op.device):
-        aggregated = _allreduce(grad, average, plan, collectives)
-    reroute(grad, aggregated, consumers)
-    contracts.record_aggregated(grad, aggregated)
+def _aggregate_dense(gradients, plan, collectives):
+    """All dense gradients at once (the collectives may pack them), one call for the averaged
+    ones and one for the summed; in machine stages, each in its stages."""
+    consumers = {grad: list(grad.consumers()) for grad, _ in gradients}
+    aggregates = {}
+    for average in (True, False):
+        grads = [grad for grad, averaged in gradients if averaged == average]
+        if plan.hierarchical_allreduce:
+            for grad in grads:
+                with tf.device(grad.op.device):
+                    aggregates[grad] = _allreduce(grad, average, plan, collectives)
+        else:
+            for independent in _rounds(grads):
+                with tf.device(independent[0].op.device):  # a worker's one device
+                    aggregates.update(zip(independent,
+                                          collectives.allreduce_all(independent, average)))
+    for grad, aggregated in aggregates.items():
+        reroute(grad, aggregated, consumers[grad])
+        contracts.record_aggregated(grad, aggregated)
+
+
+def _rounds(gradients):
+    """`gradients` in rounds none of whose gradients is computed after another's (a second
+    loss's, differentiated after the first one's update): packed together, such two would wait
+    for each other."""
+    rounds, left = [], list(gradients)
+    while left:
+        after = set(walk([c for g in left for c in consumers(g.op)], consumers))
+        first = [g for g in left if g.op not in after]
+        if not first:  # behind a loop's back edge: each alone
+            return rounds + [[g] for g in left]
+        rounds.append(first)
+        left = [g for g in left if g.op in after]
+    return rounds
 
 
 def _aggregate_sparse(graph, record, average, collectives):

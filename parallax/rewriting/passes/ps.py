@@ -20,10 +20,10 @@ from parallax.rewriting.queues import concat_slices, shared_queue
 from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_can_be_summed, rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
-from parallax.rewriting.passes import graph_pass
+from parallax.rewriting.passes import graph_pass, with_servers
 
 
-@graph_pass(produces=["server variables placed"])
+@graph_pass(produces=["server variables placed"], runs_if=with_servers)
 def place_variables_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """Each server-resident variable, and every op that touches its handle or is colocated
     with it (reads, gathers, updates, initializer, slots), goes to its server. A replicated

@@ -14,11 +14,11 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.vocabulary import FUNCTION_CALL_OPS
 from parallax.planning.plan import Plan
-from parallax.rewriting.passes import graph_pass, with_servers
+from parallax.rewriting.passes import graph_pass, on_grpc_servers
 
 
 @graph_pass(needs=["server variables placed", "per-worker state combined"],
-            produces=["worker ops pinned"], runs_if=with_servers)
+            produces=["worker ops pinned"], runs_if=on_grpc_servers)
 def pin_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
     for op in graph.get_operations():
         spec = tf.DeviceSpec.from_string(op.device or "")
@@ -34,7 +34,7 @@ def pin_to_worker(graph: tf.Graph, plan: Plan) -> tf.Graph:
 
 
 @graph_pass(needs=["server variables placed"], produces=["runner state separate"],
-            runs_if=with_servers)
+            runs_if=on_grpc_servers)
 def separate_runner_state(graph: tf.Graph, plan: Plan) -> tf.Graph:
     """The state of each get_runner call of a process in its own container. Servers (and a
     worker's own gRPC server) outlive a session, so a second runner (another graph, the next
