@@ -16,6 +16,8 @@ pytestmark = pytest.mark.job
 
 equivalence = load_workload("equivalence")
 TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
+TENSORFLOW = ["--collectives", "tensorflow"]
+WITHOUT_HOROVOD = os.path.join(os.path.dirname(__file__), "without_horovod")  # sitecustomize
 
 # Jobs with the same settings train several models, one get_runner each in turn (the
 # first of a HYBRID job has an embedding, so that the job has servers): name: (models,
@@ -34,6 +36,15 @@ GROUPS = {
     # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
     "PS-no-local-aggregation": (["sparse", "lookup-sparse"], TWO_MACHINES,
                                 ["--run-option", "PS", "--ps-off", "local_aggregation"]),
+    # TensorFlow's own collective ops, in a Python without Horovod (TensorFlow 2.19 and later):
+    # dense gradients packed in buckets, sparse ones gathered padded, the broadcast, the state
+    # combined (keras' moving statistics, the loss denominators); beside servers, each
+    # collective of a step in a loop of its own.
+    "AR-tensorflow": (["dense", "sparse", "keras", "lstm", "lookup-sparse", "seq2seq"],
+                      "localhost:0,1", ["--run-option", "AR", *TENSORFLOW]),
+    "HYBRID-tensorflow": (["sparse", "lstm", "keras-embedding", "lookup-sparse", "seq2seq"],
+                          TWO_MACHINES, ["--run-option", "HYBRID", "--fetch-gradients",
+                                         *TENSORFLOW]),
 }
 JOBS = {
     # name: (model, resources, extra arguments), or (model, group) for a model of a group
@@ -41,6 +52,8 @@ JOBS = {
     "PS": ("sparse", "PS"), "PS-lstm": ("lstm", "PS"), "PS-seq2seq": ("seq2seq", "PS"),
     "HYBRID": ("sparse", "HYBRID"),
     **{f"HYBRID-{model}": (model, "HYBRID") for model in GROUPS["HYBRID"][0][1:]},
+    **{f"{group}-{model}": (model, group) for group in ("AR-tensorflow", "HYBRID-tensorflow")
+       for model in GROUPS[group][0]},
     "PS-no-local-aggregation": ("sparse", "PS-no-local-aggregation"),
     "PS-no-optimizations": ("sparse", TWO_MACHINES, [
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
@@ -50,6 +63,8 @@ JOBS = {
     # Dense gradients allreduced in machine stages (rewriting/machine_allreduce.py).
     "AR-machine-stages": ("dense", TWO_MACHINES, ["--run-option", "AR",
                                                   "--hierarchical-allreduce"]),
+    "AR-machine-stages-tensorflow": ("dense", TWO_MACHINES, [
+        "--run-option", "AR", "--hierarchical-allreduce", *TENSORFLOW]),
     "HYBRID-lstm-machine-stages": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID",
                                                           "--hierarchical-allreduce"]),
     # Horovod joined without the stages' process sets (idle, they cost CPU every cycle), again
@@ -99,8 +114,13 @@ def job(request, tmp_path_factory):
 
 
 def _run(models, resources, extra, out):
+    env = None
+    if "tensorflow" in extra:
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [WITHOUT_HOROVOD,
+                                                           os.environ.get("PYTHONPATH")]))}
     result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", models,
-                     "--resources", resources, "--out", str(out), *extra, timeout=1800)
+                     "--resources", resources, "--out", str(out), *extra, timeout=1800,
+                     env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (out / "output.txt").write_text(result.stdout)
     if "," in models:  # each model's part of it, up to the chief's line that it is trained

@@ -312,6 +312,8 @@ def main():
                         help="the second config's runner in machine stages (joining Horovod "
                         "again with the process sets), then Horovod left, as after AUTO's "
                         "trials kept a plan without it, and joined again by the third's")
+    parser.add_argument("--collectives", choices=["horovod", "tensorflow"],
+                        help="Config(collectives=...)")
     args = parser.parse_args()
     unknown = set(args.model) - set(MODELS)
     if unknown:
@@ -325,7 +327,8 @@ def main():
         split_variables=True if args.split_variables else None,
         hierarchical_allreduce=True if args.hierarchical_allreduce else None,
         trial_steps=args.trial_steps, trial_retime_within=args.trial_retime_within,
-        ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}))
+        ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}),
+        collectives=args.collectives)
     for model in args.model:
         out = os.path.join(args.out, model) if len(args.model) > 1 else args.out
         os.makedirs(out, exist_ok=True)
