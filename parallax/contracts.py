@@ -104,7 +104,7 @@ AGGREGATED_COLLECTION = "parallax_aggregated"  # AggregateRecord JSON, one per a
 # JSON records of step synchronization (passes/sync.py): {"token_queues", "restore_queues"} and
 # {"write"} in the chief's graph; {"write", "cut"} and {"restore_wait"} in the others'.
 STEP_COLLECTION = "parallax_step"
-APART_COLLECTION = "parallax_collectives_apart"  # QueueRunners of collectives/tensorflow.py
+APART_COLLECTION = "parallax_collectives_apart"  # loops of collectives/tensorflow.py
 BROADCAST_COLLECTION = "parallax_broadcast"  # ops copying worker 0's initial values
 MIRROR_READ_COLLECTION = "parallax_mirror_read"  # other workers' reads of mirror variables
 SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initializes last
@@ -284,13 +284,14 @@ def _step_records(graph):
     return (_decoded(text) for text in graph.get_collection(STEP_COLLECTION))
 
 
-def record_apart_loop(loop: tf.compat.v1.train.QueueRunner) -> None:
-    """A loop of a collective run apart from the steps, in the default graph: started and
-    stopped by the runner, with the graph's queue runners."""
-    tf.compat.v1.train.add_queue_runner(loop, collection=APART_COLLECTION)
+def record_apart_loop(loop) -> None:
+    """A loop of a collective run apart from the steps (collectives/tensorflow.py), in the
+    default graph: its threads (loop.create_threads(session, coord)) are started and stopped
+    by the runner, with the graph's queue runners."""
+    tf.compat.v1.add_to_collection(APART_COLLECTION, loop)
 
 
-def read_apart_loops(graph: tf.Graph) -> List[tf.compat.v1.train.QueueRunner]:
+def read_apart_loops(graph: tf.Graph) -> list:
     return graph.get_collection(APART_COLLECTION)
 
 

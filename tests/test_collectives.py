@@ -92,4 +92,4 @@ def test_a_step_beside_servers_holds_no_collective_op_and_its_loops_do():
                    for op in reached([t.op for t in fetched], fed=()))
     for loop in loops:
         assert any(op.type.startswith("Collective")
-                   for op in reached(loop.enqueue_ops, fed=()))
+                   for op in reached([loop.op], fed=()))

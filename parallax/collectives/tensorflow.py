@@ -9,7 +9,7 @@ holding collective ops takes its step id from a sequence all workers share, so t
 steps would meet on a server under one step id, which mixes them up (tensorflow/tensorflow
 #33920). Each collective of a step is a loop of its own instead, fed and read through two
 queues of the worker, run by a thread of the runner under a step sequence of its own
-(_CollectiveRunner); the step itself holds none. The initial broadcast, run alone, stays in.
+(_CollectiveLoop); the step itself holds none. The initial broadcast, run alone, stays in.
 
 Two rules of these ops shape what is here. An instance key names one collective and must be
 the same on every worker: every worker builds the same collectives in the same order (it runs
@@ -22,6 +22,7 @@ import copy
 import itertools
 import logging
 import math
+import threading
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
@@ -232,7 +233,7 @@ class TensorFlowCollectives(Collectives):
                 tensor.set_shape(result.shape)
             cancel = tf.group(incoming.close(cancel_pending_enqueues=True),
                               outgoing.close(cancel_pending_enqueues=True))
-        contracts.record_apart_loop(_CollectiveRunner(outgoing, loop, cancel, key))
+        contracts.record_apart_loop(_CollectiveLoop(loop, cancel, key))
         return returned
 
     # -- membership: the servers run for the job's life, the groups are known from the start
@@ -247,27 +248,45 @@ def _as_list(dequeued) -> List[tf.Tensor]:
     return list(dequeued) if isinstance(dequeued, (list, tuple)) else [dequeued]
 
 
-class _CollectiveRunner(tf.compat.v1.train.QueueRunner):
+class _CollectiveLoop:
     """The loop of one collective run apart from the steps (TensorFlowCollectives.for_steps),
     under a step sequence of its own (`graph_key`, the same on every worker): each worker runs
-    each loop as often as its steps feed it, in the order they do. Started and stopped with the
-    runner's queue runners (runtime/session.py); a failure closes its queues, so that the step
-    waiting for it fails too, and is logged."""
+    each loop as often as its steps feed it, in the order they do. Its threads start with the
+    runner's queue runners and stop with them (runtime/session.py: `create_threads`, as a
+    QueueRunner's); a failure closes its queues, so that the step waiting for it fails too, and
+    is logged."""
 
-    def __init__(self, queue, loop, cancel, graph_key: int):
-        super().__init__(queue, [loop], close_op=cancel, cancel_op=cancel)
+    def __init__(self, loop: tf.Operation, cancel: tf.Operation, graph_key: int):
+        self.op, self._cancel = loop, cancel  # op: one turn of the loop
         self._options = tf.compat.v1.RunOptions()
         self._options.experimental.collective_graph_key = graph_key
 
-    def _run(self, sess, enqueue_op, coord=None):
+    def create_threads(self, session, coord: tf.compat.v1.train.Coordinator
+                       ) -> List[threading.Thread]:
+        threads = [threading.Thread(target=self._run, args=(session, coord), daemon=True),
+                   threading.Thread(target=self._cancel_on_stop, args=(session, coord),
+                                    daemon=True)]
+        for thread in threads:
+            coord.register_thread(thread)
+            thread.start()
+        return threads
+
+    def _run(self, session, coord) -> None:
         try:
-            while not (coord and coord.should_stop()):
-                sess.run(enqueue_op, options=self._options)
+            while not coord.should_stop():
+                session.run(self.op, options=self._options)
         except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
-            pass  # closed: the runner stopped
+            pass  # its queues closed: the runner stopped
         except tf.errors.OpError as error:
             log.error("parallax: a collective run apart from the steps failed: %s", error)
-            try:
-                sess.run(self.cancel_op)
-            except tf.errors.OpError:
-                pass
+            self._cancel_quietly(session)
+
+    def _cancel_on_stop(self, session, coord) -> None:
+        coord.wait_for_stop()
+        self._cancel_quietly(session)
+
+    def _cancel_quietly(self, session) -> None:
+        try:
+            session.run(self._cancel)
+        except (tf.errors.OpError, RuntimeError):  # RuntimeError: the session closed
+            pass

@@ -97,8 +97,7 @@ class ParallaxRunner(tf_private.SessionInterface):
                     session, coord=self._coordinator, daemon=True)
         # And the loops of collectives run apart from the steps (collectives/tensorflow.py).
         for loop in contracts.read_apart_loops(graph):
-            self._queue_threads += loop.create_threads(session, coord=self._coordinator,
-                                                       daemon=True, start=True)
+            self._queue_threads += loop.create_threads(session, self._coordinator)
 
     @property
     def graph(self) -> tf.Graph:
