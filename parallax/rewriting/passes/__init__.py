@@ -39,6 +39,9 @@ def with_servers(plan: Plan) -> bool:
 
 
 def on_grpc_servers(plan: Plan) -> bool:
-    """Whether the worker's sessions run on gRPC servers: the parameter servers and its own, or
-    its own alone (where its collectives run: TensorFlow's). State there outlives a session."""
-    return plan.cluster.has_servers or bool(plan.cluster.workers)
+    """Whether the runner's session runs on gRPC servers (worker._runner): a plan with
+    variables on parameter servers, or any plan of TensorFlow's collectives (on the worker's own
+    server). State there outlives a session. (An AR plan AUTO times in a job with servers runs
+    in a session of its process, under Horovod.)"""
+    return ((plan.cluster.has_servers and plan.run_option in ("PS", "HYBRID"))
+            or plan.cluster.collectives == "tensorflow")
