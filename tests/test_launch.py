@@ -286,8 +286,11 @@ def test_local_machines_never_share_a_port(monkeypatch):
     would repeat exactly."""
     monkeypatch.setattr(random, "shuffle", lambda items: None)
     hosts = load_resources("127.0.0.1:0,1;127.0.0.2:0,1;127.0.0.3:0")
-    ports = launch._ports(hosts, Config(), SSHConfig())
+    ports = launch._ports(hosts, Config(), SSHConfig(), with_servers=True)
     assert [len(ports[host.name]) for host in hosts] == [3, 3, 2]
+    # TensorFlow's collectives without parameter servers: the workers' ports alone
+    alone = launch._ports(hosts, Config(), SSHConfig(), with_servers=False)
+    assert [len(alone[host.name]) for host in hosts] == [2, 2, 1]
     drawn = [port for host in hosts for port in ports[host.name]]
     assert len(set(drawn)) == len(drawn)
 
