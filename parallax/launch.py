@@ -203,8 +203,8 @@ def _watchdog(control: ControlServer, warn_unsharded_input: bool):
 
 def _ports(hosts: List[Host], settings: Settings, shell: Shell, with_servers: bool
            ) -> Dict[str, List[int]]:
-    """Ports for each host's server (`with_servers`) and workers: consecutive from settings.base_port when set,
-    else free ones, asked on the host itself when it is remote. The local hosts (127.0.0.x)
+    """Ports for each host's server (`with_servers`) and workers: consecutive from
+    settings.base_port when set, else free ones, asked on the host itself when it is remote. The local hosts (127.0.0.x)
     get theirs in one draw: their servers all listen on every address of this machine, so two
     draws could hand the same port to two of them."""
     counts = {host.name: int(with_servers) + len(host.slots) for host in hosts}

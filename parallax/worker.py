@@ -23,6 +23,7 @@ from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.describe import describe
 from parallax.planning.plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
+from parallax.rewriting.passes import on_grpc_servers
 from parallax.rewriting.pipeline import transform
 from parallax.rewriting.split_variables import copy_and_split
 from parallax.runtime import recording, trials
@@ -59,10 +60,11 @@ class WorkerProcess:
         collectives' settings added): one per process, however many runners it creates (a
         port is bound once)."""
         if self._server is None:
-            config = self.collectives.configure(
-                tf.compat.v1.ConfigProto.FromString(config.SerializeToString()) if config
-                else tf.compat.v1.ConfigProto())
-            self._server = start_server(self.cluster, "worker", self.cluster.worker_id, config)
+            own = tf.compat.v1.ConfigProto()
+            if config is not None:
+                own.CopyFrom(config)
+            self._server = start_server(self.cluster, "worker", self.cluster.worker_id,
+                                        self.collectives.configure(own))
         return self._server
 
     def leave_if_unused(self) -> bool:
@@ -219,8 +221,8 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     sess_config.CopyFrom(runtime.sess_config
                          or tf.compat.v1.ConfigProto(allow_soft_placement=True))
     target = ""
-    on_servers = cluster.has_servers and plan.run_option in ("PS", "HYBRID")
-    if on_servers or process.collectives.needs_worker_server:
+    if on_grpc_servers(plan):
+        on_servers = cluster.has_servers and plan.run_option in ("PS", "HYBRID")
         # Each worker talks to the servers and to itself only, never waits for its peers (its
         # collectives find theirs through the group leader). An AR plan AUTO times in a job
         # with servers runs without them.

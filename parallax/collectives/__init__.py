@@ -10,9 +10,7 @@ from parallax.cluster import Cluster
 from parallax.collectives.base import Collectives
 from parallax.errors import ParallaxError
 
-__all__ = ["Collectives", "LIBRARIES", "choose", "create"]
-
-LIBRARIES = ("horovod", "tensorflow")
+__all__ = ["Collectives", "choose", "create"]
 
 
 def horovod_installed() -> bool:

@@ -20,10 +20,6 @@ from parallax.cluster import Cluster
 class Collectives(abc.ABC):
     """A collectives library among the workers of `cluster`."""
 
-    # Whether a session that runs these collectives must be one of the worker's gRPC server
-    # (then every worker has one, and `session`/`configure` say how to reach it).
-    needs_worker_server = False
-
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
 

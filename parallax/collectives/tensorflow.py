@@ -52,8 +52,6 @@ def _op_name(key: int) -> str:
 
 class TensorFlowCollectives(Collectives):
 
-    needs_worker_server = True
-
     def __init__(self, cluster: Cluster, server: Callable[[], tf.compat.v1.train.Server]):
         super().__init__(cluster)
         self._server = server
