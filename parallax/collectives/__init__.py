@@ -3,29 +3,19 @@ asks of one; horovod.py: Horovod's; tensorflow.py: TensorFlow's own collective o
 else in the package imports a collectives library."""
 from __future__ import annotations
 
-import importlib.util
 from typing import Callable, Optional
 
-from parallax.cluster import Cluster
+from parallax.cluster import Cluster, default_collectives, horovod_installed
 from parallax.collectives.base import Collectives
 from parallax.errors import ParallaxError
 
-__all__ = ["Collectives", "choose", "create"]
-
-
-def horovod_installed() -> bool:
-    try:
-        return importlib.util.find_spec("horovod.tensorflow") is not None
-    except ModuleNotFoundError:
-        return False
+__all__ = ["Collectives", "choose", "create", "horovod_installed"]
 
 
 def choose(requested: Optional[str]) -> str:
-    """The library a job runs: the one requested (Config.collectives), else Horovod where it
-    is installed (its gloo allreduce is the faster on CPU: benchmarks/HISTORY.md), else
-    TensorFlow's."""
+    """The library a job runs: the one requested (Config.collectives), else the default."""
     if requested is None:
-        return "horovod" if horovod_installed() else "tensorflow"
+        return default_collectives()
     if requested == "horovod" and not horovod_installed():
         raise ParallaxError("collectives='horovod', and Horovod is not installed here (it builds "
                             "against TensorFlow 2.18 and older): install it, or use "

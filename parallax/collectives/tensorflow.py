@@ -33,7 +33,6 @@ from parallax.collectives.base import Collectives
 
 LEADER = "/job:worker/replica:0/task:0"
 ALL_WORKERS = 1  # the group key of every worker; the machine stages' groups follow
-HINT = "ring"  # on CPU; "nccl" where GPUs are (docs/gpus.md)
 # Dense gradients travel packed, in buckets of at most this many bytes each: one collective
 # per tensor is slower than one per bucket (a ring's steps per tensor; Horovod fuses too).
 BUCKET_BYTES = 32 * 1024 * 1024
@@ -50,6 +49,12 @@ def _op_name(key: int) -> str:
     return f"parallax_collective_{key}"
 
 
+def communication_hint() -> str:
+    """NCCL where this worker sees a GPU (TensorFlow runs NCCL where a group's devices are
+    GPUs, and its ring elsewhere: docs/gpus.md), else the ring over gRPC."""
+    return "nccl" if tf.config.list_physical_devices("GPU") else "ring"
+
+
 class TensorFlowCollectives(Collectives):
 
     def __init__(self, cluster: Cluster, server: Callable[[], tf.compat.v1.train.Server]):
@@ -59,6 +64,7 @@ class TensorFlowCollectives(Collectives):
         self._group_keys: Dict[Tuple[int, ...], int] = {
             tuple(group): ALL_WORKERS + index for index, group in enumerate(groups)}
         self._keys = itertools.count(1)
+        self._hint = communication_hint()
         self._apart = False  # a step's collectives in loops of their own (for_steps)
 
     def for_steps(self) -> "TensorFlowCollectives":
@@ -105,7 +111,7 @@ class TensorFlowCollectives(Collectives):
         reduce = lambda value, key, op_name: tf.raw_ops.CollectiveReduceV2(  # noqa: E731
             input=value, group_size=size, group_key=group_key, instance_key=key,
             ordering_token=[], merge_op="Add", final_op="Div" if average else "Id",
-            communication_hint=HINT, name=op_name)
+            communication_hint=self._hint, name=op_name)
         if tensor.shape.is_fully_defined():
             return tf.identity(self._keyed(reduce, tensor), name=name)
         flat = tf.reshape(tensor, [-1])
@@ -157,7 +163,7 @@ class TensorFlowCollectives(Collectives):
         def gather(value, key, op_name):
             return tf.raw_ops.CollectiveGatherV2(
                 input=value, group_size=size, group_key=group_key, instance_key=key,
-                ordering_token=[], communication_hint=HINT, name=op_name)
+                ordering_token=[], communication_hint=self._hint, name=op_name)
 
         counts = self._keyed(gather, count)
         most = tf.reduce_max(counts)
@@ -179,10 +185,10 @@ class TensorFlowCollectives(Collectives):
             if self.cluster.is_chief:
                 return tf.raw_ops.CollectiveBcastSendV2(
                     input=value, group_size=size, group_key=group_key, instance_key=key,
-                    communication_hint=HINT, name=op_name)
+                    communication_hint=self._hint, name=op_name)
             return tf.raw_ops.CollectiveBcastRecvV2(
                 group_size=size, group_key=group_key, instance_key=key, shape=tf.shape(value),
-                T=value.dtype, communication_hint=HINT, name=op_name)
+                T=value.dtype, communication_hint=self._hint, name=op_name)
 
         if tensor.shape.is_fully_defined():
             return tf.identity(self._keyed(bcast, tensor), name=name)
