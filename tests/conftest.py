@@ -12,6 +12,16 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = os.path.join(REPO, "tests", "workloads")
+# Horovod builds against TensorFlow 2.18 and older: its own tests run on that stack
+# (PARALLAX_STACK=horovod scripts/test.sh, .ci/run's second part).
+HOROVOD = importlib.util.find_spec("horovod") is not None
+# The op types of the collectives a graph rewritten here holds (the stack's default library).
+COLLECTIVE_OPS = ({"allreduce": "HorovodAllreduce", "allgather": "HorovodAllgather",
+                   "prefix": "Horovod"} if HOROVOD else
+                  {"allreduce": "CollectiveReduceV2", "allgather": "CollectiveGatherV2",
+                   "prefix": "Collective"})
+needs_horovod = pytest.mark.skipif(not HOROVOD, reason="needs Horovod, not installed here: "
+                                   "it runs on the Horovod stack (PARALLAX_STACK=horovod)")
 
 
 def run_job(script, *args, timeout=300, cwd=REPO, env=None):

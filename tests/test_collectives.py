@@ -15,7 +15,9 @@ from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
 from parallax.vocabulary import reached
 from runner.settings import Settings
+from conftest import HOROVOD
 
+pytestmark = pytest.mark.collectives
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITHOUT_HOROVOD = os.path.join(ROOT, "tests", "without_horovod")
 
@@ -37,9 +39,9 @@ def test_without_horovod_parallax_imports_and_chooses_tensorflows_collectives():
     assert "collectives='tensorflow'" in refusal
 
 
-def test_where_horovod_is_installed_it_is_the_default_and_a_choice_is_checked():
-    assert collectives.horovod_installed()  # this machine's stack: TensorFlow 2.18 + Horovod
-    assert collectives.choose(None) == "horovod"
+def test_the_default_is_horovod_where_it_is_installed_and_a_choice_is_checked():
+    assert collectives.horovod_installed() == HOROVOD
+    assert collectives.choose(None) == ("horovod" if HOROVOD else "tensorflow")
     assert collectives.choose("tensorflow") == "tensorflow"
     with pytest.raises(ValueError, match="unknown collectives 'nccl'"):
         PlanOptions(collectives="nccl")

@@ -20,14 +20,12 @@ import grpc
 import psutil
 import pytest
 
-from conftest import WORKLOADS
+from conftest import WORKLOADS, needs_horovod
 from runner.control import MAX_MESSAGE_BYTES, ControlServer, Progress, encode_beat
 from runner.link_probe import probe
 from runner.output import PAST_STARTUP, OutputFilter
 from runner.process import GRACE_SECONDS, JobFailed, ProcessSpec, run_processes
 from runner.progress import ProgressDisplay, plot, summarize
-from runner import rendezvous as gloo_rendezvous
-from runner.rendezvous import GlooRendezvous
 from runner.ssh import SSHConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -528,26 +526,40 @@ def _half_open_calls(address, connections=10, each=10):
             channel.close()
 
 
-def test_the_control_plane_and_rendezvous_listen_on_the_jobs_address_only():
-    control = ControlServer(uuid.uuid4().hex, ["h:worker:0"], ["h:worker:0"], 2.0, 60.0,
-                            address="127.0.0.2")
-    rendezvous = GlooRendezvous([("127.0.0.2", 1)], "127.0.0.2")
+def _control_plane():
+    return ControlServer(uuid.uuid4().hex, ["h:worker:0"], ["h:worker:0"], 2.0, 60.0,
+                         address="127.0.0.2")
+
+
+def _rendezvous():
+    from runner.rendezvous import GlooRendezvous  # pylint: disable=C0415
+
+    return GlooRendezvous([("127.0.0.2", 1)], "127.0.0.2")
+
+
+@pytest.mark.parametrize("start", [_control_plane, pytest.param(_rendezvous,
+                                                                marks=needs_horovod)])
+def test_the_control_plane_and_rendezvous_listen_on_the_jobs_address_only(start):
+    listener = start()
     try:
         listening = [c.laddr for c in psutil.Process().net_connections("inet")
                      if c.status == psutil.CONN_LISTEN]
-        for port in (control.port, rendezvous.port):
-            # grpc's socket is IPv6, bound to the IPv4-mapped address
-            assert {ip.removeprefix("::ffff:") for ip, at in listening if at == port} == {
-                "127.0.0.2"}, listening
-            with pytest.raises(ConnectionRefusedError):
-                socket.create_connection(("127.0.0.1", port), timeout=2)
+        # grpc's socket is IPv6, bound to the IPv4-mapped address
+        assert {ip.removeprefix("::ffff:") for ip, at in listening if at == listener.port} == {
+            "127.0.0.2"}, listening
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", listener.port), timeout=2)
     finally:
-        rendezvous.stop()
-        control.stop()
+        listener.stop()
 
 
+@pytest.mark.collectives
+@needs_horovod
 def test_a_new_rendezvous_round_forgets_every_scope_and_obeys_only_the_jobs_ranks(
         monkeypatch):
+    from runner import rendezvous as gloo_rendezvous  # pylint: disable=C0415
+
+    GlooRendezvous = gloo_rendezvous.GlooRendezvous  # pylint: disable=C0103
     with GlooRendezvous([("127.0.0.1", 2), ("127.0.0.2", 2)], "127.0.0.1") as rendezvous:
         env = rendezvous.env_for_rank(3)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import WORKLOADS, load_workload, run_job
+from conftest import HOROVOD, WORKLOADS, load_workload, needs_horovod, run_job
 from parallax.worker import LEFT_COLLECTIVES
 
 pytestmark = pytest.mark.job
@@ -36,15 +36,12 @@ GROUPS = {
     # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
     "PS-no-local-aggregation": (["sparse", "lookup-sparse"], TWO_MACHINES,
                                 ["--run-option", "PS", "--ps-off", "local_aggregation"]),
-    # TensorFlow's own collective ops, in a Python without Horovod (TensorFlow 2.19 and later):
-    # dense gradients packed in buckets, sparse ones gathered padded, the broadcast, the state
-    # combined (keras' moving statistics, the loss denominators); beside servers, each
-    # collective of a step in a loop of its own.
+    # On the Horovod stack, TensorFlow's own collective ops too (the default stack's AR and
+    # HYBRID jobs run them), in a Python without Horovod: dense gradients packed in buckets,
+    # sparse ones gathered padded, the broadcast, the state combined (keras' moving statistics,
+    # the loss denominators).
     "AR-tensorflow": (["dense", "sparse", "keras", "lstm", "lookup-sparse", "seq2seq"],
                       "localhost:0,1", ["--run-option", "AR", *TENSORFLOW]),
-    "HYBRID-tensorflow": (["sparse", "lstm", "keras-embedding", "lookup-sparse", "seq2seq"],
-                          TWO_MACHINES, ["--run-option", "HYBRID", "--fetch-gradients",
-                                         *TENSORFLOW]),
 }
 JOBS = {
     # name: (model, resources, extra arguments), or (model, group) for a model of a group
@@ -52,8 +49,7 @@ JOBS = {
     "PS": ("sparse", "PS"), "PS-lstm": ("lstm", "PS"), "PS-seq2seq": ("seq2seq", "PS"),
     "HYBRID": ("sparse", "HYBRID"),
     **{f"HYBRID-{model}": (model, "HYBRID") for model in GROUPS["HYBRID"][0][1:]},
-    **{f"{group}-{model}": (model, group) for group in ("AR-tensorflow", "HYBRID-tensorflow")
-       for model in GROUPS[group][0]},
+    **{f"AR-tensorflow-{model}": (model, "AR-tensorflow") for model in GROUPS["AR"][0]},
     "PS-no-local-aggregation": ("sparse", "PS-no-local-aggregation"),
     "PS-no-optimizations": ("sparse", TWO_MACHINES, [
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
@@ -88,13 +84,28 @@ JOBS = {
     "AUTO-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
 _group_runs = {}  # group name: its job's folder
+# The jobs of the collectives' paths (allreduce, allgather, machine stages, joining): .ci/run
+# runs them on the Horovod stack too (pytest -m collectives).
+COLLECTIVES_JOBS = [name for name in JOBS if name.startswith(("AR-", "HYBRID"))
+                    and "split" not in name and "no-local-aggregation" not in name]
+ONLY_BESIDE_HOROVOD = pytest.mark.skipif(
+    not HOROVOD, reason="TensorFlow's collectives are this stack's default: the AR jobs run them")
+
+
+def _param(name):
+    marks = [pytest.mark.collectives] if name in COLLECTIVES_JOBS else []
+    if name == "AR-rejoining-horovod":
+        marks.append(needs_horovod)
+    elif "tensorflow" in name:
+        marks.append(ONLY_BESIDE_HOROVOD)
+    return pytest.param(name, marks=marks)
 
 
 def _workers(resources):
     return sum(len(host.split(":")[1].split(",")) for host in resources.split(";"))
 
 
-@pytest.fixture(scope="module", params=list(JOBS))
+@pytest.fixture(scope="module", params=[_param(name) for name in JOBS])
 def job(request, tmp_path_factory):
     """One job per setting trains every optimizer configuration (a group's job, every model
     of the group: run once, for its first model's tests)."""

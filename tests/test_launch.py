@@ -14,7 +14,7 @@ import uuid
 import psutil
 import pytest
 
-from conftest import REPO, WORKLOADS, run_job
+from conftest import COLLECTIVE_OPS, REPO, WORKLOADS, run_job
 from parallax import Config, launch
 from runner import load_resources
 from runner.ssh import SSHConfig
@@ -181,7 +181,8 @@ def test_profiled_runs_write_a_chrome_trace_and_their_phases_and_graphs_are_expo
     assert code == 0, output
     for worker in (0, 1):
         trace = json.loads((profile / f"worker{worker}_step3.json").read_text())
-        assert any(e.get("name") == "HorovodAllreduce" or "Horovod" in str(e.get("args", {}))
+        assert any(e.get("name") == COLLECTIVE_OPS["allreduce"]
+                   or COLLECTIVE_OPS["allreduce"] in str(e.get("args", {}))
                    for e in trace["traceEvents"])
     phases = {r["worker"]: r for r in map(json.loads,
                                           (profile / "phases.jsonl").read_text().splitlines())}
@@ -194,9 +195,9 @@ def test_profiled_runs_write_a_chrome_trace_and_their_phases_and_graphs_are_expo
         assert all(v <= record["run_ms"] + 5 for k, v in record.items() if k.endswith("_ms"))
     assert phases[1]["wait_for_chief_ms"] > 0, phases[1]
     single = (exported / "single_device.pbtxt").read_text()
-    assert "Horovod" not in single and "parallax_ps" not in single
+    assert COLLECTIVE_OPS["prefix"] not in single and "parallax_ps" not in single
     for worker in (0, 1):
-        assert "HorovodAllreduce" in (exported / f"worker{worker}.pbtxt").read_text()
+        assert COLLECTIVE_OPS["allreduce"] in (exported / f"worker{worker}.pbtxt").read_text()
         assert list((exported / f"worker{worker}").glob("events.out.tfevents.*"))
     _assert_nothing_left(token)
 

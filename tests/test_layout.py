@@ -158,7 +158,8 @@ def test_a_pass_before_what_it_needs_is_named():
 def test_the_paths_named_in_docstrings_and_docs_exist():
     """A path written in the code's docstrings and comments, or in the docs, names a file of
     the layout (from the repository's root, or from a folder of it: rewriting/pipeline.py)."""
-    files = [str(p.relative_to(ROOT)) for p in ROOT.glob("**/*.py") if ".venv" not in p.parts]
+    files = [str(p.relative_to(ROOT)) for p in ROOT.glob("**/*.py")
+             if not any(part.startswith(".venv") for part in p.parts)]
     sources = (sorted(ROOT.glob("parallax/**/*.py")) + sorted(ROOT.glob("runner/**/*.py"))
                + sorted(ROOT.glob("docs/*.md")) + [ROOT / "README.md"])
     stale = set()

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 import parallax
-from conftest import REPO, WORKLOADS, load_workload
+from conftest import REPO, WORKLOADS, load_workload, needs_horovod
 from parallax.planning import cost
 from parallax.planning.analysis import analyze
 from parallax.planning.search import Decision
@@ -17,7 +18,6 @@ from parallax.cluster import Cluster
 from parallax.config import PlanOptions
 from parallax.rewriting.pipeline import transform
 from parallax.planning.plan import make_plan
-from runner.rendezvous import GlooRendezvous
 
 equivalence = load_workload("equivalence")
 
@@ -33,12 +33,12 @@ def test_the_groups_are_each_machine_then_each_position_across_machines(machines
     assert Cluster(worker_machines=machines).machine_groups() == groups
 
 
-def _plan(model, hierarchical, worker_id=0, decision=None):
+def _plan(model, hierarchical, worker_id=0, decision=None, **cluster):
     graph, _, _ = equivalence.build(model, "sgd", 4, shard=False)
     config = PlanOptions(run_option="AR", hierarchical_allreduce=hierarchical)
     return graph, make_plan(analyze(graph), config,
-                            Cluster(worker_machines=[0, 0, 1, 1], worker_id=worker_id),
-                            decision=decision)
+                            Cluster(worker_machines=[0, 0, 1, 1], worker_id=worker_id,
+                                    **cluster), decision=decision)
 
 
 def test_by_default_a_plan_uses_machine_stages_when_the_bytes_saved_pay_for_them():
@@ -64,25 +64,43 @@ def test_a_plan_follows_autos_decision_on_machine_stages_unless_the_config_says(
     assert not stages(None, None) and not stages(None, True, decided_for={})
 
 
+def _horovod_sets(graph):
+    return [op.get_attr("process_set_id") for op in graph.get_operations()
+            if op.type == "HorovodAllreduce"]
+
+
+def _tensorflow_groups(graph):
+    """Group keys less one: the key of all workers is 1, the machine stages' groups follow."""
+    return [int(tf.get_static_value(op.inputs[2])) - 1 for op in graph.get_operations()
+            if op.type == "CollectiveReduceV2"]
+
+
+@pytest.mark.collectives
+@pytest.mark.parametrize("library, groups_of", [
+    pytest.param("horovod", _horovod_sets, marks=needs_horovod),
+    ("tensorflow", _tensorflow_groups)])
 @pytest.mark.parametrize("worker_id, within, across", [(0, 1, 3), (1, 1, 4), (2, 2, 3),
                                                        (3, 2, 4)])
 def test_each_gradient_is_summed_in_its_machine_across_its_position_then_shared(
-        worker_id, within, across):
-    """Process sets are numbered from 1 in the order of Cluster.machine_groups."""
-    graph, plan = _plan("dense", True, worker_id)
-    transformed = transform(graph, plan)
+        library, groups_of, worker_id, within, across):
+    """Groups are numbered from 1 in the order of Cluster.machine_groups (Horovod's process
+    sets; TensorFlow's group keys, after the key of all workers)."""
+    graph, plan = _plan("dense", True, worker_id, collectives=library)
     gradients = len([r for p in plan.variables.values() for r in p.variable.gradients])
-    sets = [op.get_attr("process_set_id") for op in transformed.get_operations()
-            if op.type == "HorovodAllreduce"]
-    assert sets.count(within) == 2 * gradients and sets.count(across) == gradients
-    assert set(sets) == {within, across}
+    groups = groups_of(transform(graph, plan))
+    assert groups.count(within) == 2 * gradients and groups.count(across) == gradients
+    assert set(groups) == {within, across}
 
 
 @pytest.mark.job
+@pytest.mark.collectives
+@needs_horovod
 def test_workers_join_horovod_again_and_again_with_and_without_the_stages_process_sets():
     """Horovod's rendezvous server keeps some scopes' keys after a round (runner/rendezvous.py):
     without a new round, a join read a peer's old address by the 2nd to 12th join here (gloo:
     connection refused, send timeouts)."""
+    from runner.rendezvous import GlooRendezvous  # pylint: disable=C0415
+
     rounds = 12
     with GlooRendezvous([("127.0.0.1", 2), ("127.0.0.2", 2)], "127.0.0.1") as rendezvous:
         workers = [subprocess.Popen(

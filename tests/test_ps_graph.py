@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from conftest import load_workload
+from conftest import COLLECTIVE_OPS, HOROVOD, load_workload, needs_horovod
 from parallax import contracts
 from parallax.config import PlanOptions
 from parallax.planning import analysis
@@ -25,8 +25,9 @@ CLUSTER = dict(worker_machines=[0, 0, 1, 1], servers=["127.0.0.1:1", "127.0.0.2:
 
 @pytest.fixture(scope="module", autouse=True)
 def horovod():
-    import horovod.tensorflow as hvd
-    hvd.init()  # a one-process Horovod job: HYBRID builds allreduce ops
+    if HOROVOD:
+        import horovod.tensorflow as hvd
+        hvd.init()  # a one-process Horovod job: HYBRID builds allreduce ops
 
 
 def _transformed(worker_id, config_name="sgd", run_option="PS", **ps_options):
@@ -80,8 +81,8 @@ def test_hybrid_places_dense_on_workers_and_sparse_on_servers():
     assert devices["embedding/ExponentialMovingAverage"] == devices["embedding"]
     for dense in ("w1", "hidden_bias", "w2", "w1/Adam", "beta1_power", "global_step"):
         assert devices[dense] == "/job:worker/task:1", dense
-    assert {op.type for op in graph.get_operations()} >= {"HorovodAllreduce"}
-    assert not any(op.type == "HorovodAllgather" for op in graph.get_operations())
+    assert COLLECTIVE_OPS["allreduce"] in {op.type for op in graph.get_operations()}
+    assert not any(op.type == COLLECTIVE_OPS["allgather"] for op in graph.get_operations())
     text = describe(plan)
     assert "embedding" in text and "server" in text and "every worker (replica)" in text
 
@@ -334,6 +335,7 @@ def test_updates_of_server_variables_in_a_loop_or_beside_replicas_in_a_cond_are_
         make_plan(analyze(cond), PlanOptions(run_option="HYBRID"), Cluster([0, 1]))
 
 
+@pytest.mark.collectives
 @pytest.mark.parametrize("run_option,in_steps", [("PS", False), ("HYBRID", True)])
 def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only(run_option,
                                                                                  in_steps):
@@ -347,10 +349,13 @@ def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only
     broadcasts = contracts.read_broadcasts(graph)
     first_broadcast = upstream_ops(broadcasts) | set(broadcasts)
     in_the_steps = [op.name for op in graph.get_operations()
-                    if op.type.startswith("Horovod") and op not in first_broadcast]
+                    if op.type.startswith(COLLECTIVE_OPS["prefix"])
+                    and op not in first_broadcast]
     assert broadcasts and bool(in_the_steps) is in_steps, in_the_steps
 
 
+@pytest.mark.collectives
+@needs_horovod
 @pytest.mark.parametrize("config_name, norm_row", [("adam", False), ("momentum+clip", True)])
 def test_a_table_allreduced_as_dense_carries_its_norm_only_where_the_model_clips(config_name,
                                                                                  norm_row):
