@@ -23,6 +23,8 @@ def main():
     parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
                         choices=[f.name for f in dataclasses.fields(parallax.PSConfig)],
                         help="PSConfig optimizations to turn off (the Table 4 ablation)")
+    parser.add_argument("--collectives", choices=["horovod", "tensorflow"],
+                        help="Config(collectives=...): the library of the allreduce")
     parser.add_argument("--asynchronous", action="store_true", help="Config(sync=False)")
     parser.add_argument("--flat-allreduce", action="store_true",
                         help="Config(hierarchical_allreduce=False): one ring over all workers; "
@@ -41,6 +43,7 @@ def main():
         global_step = tf.compat.v1.train.get_or_create_global_step()
         train_op = workload.minimize(loss, workload.make_optimizer(), global_step)
     config = parallax.Config(run_option=args.run_option, sess_config=session_config(),
+                             collectives=args.collectives,
                              ps_config=parallax.PSConfig(**{o: False for o in args.ps_off}),
                              sync=not args.asynchronous,
                              hierarchical_allreduce=False if args.flat_allreduce else None,

@@ -22,6 +22,9 @@ SYSTEM_LABELS = {
     "single": "1 worker (no network)",
     "parallax-hybrid": "Parallax HYBRID",
     "parallax-ar": "Parallax AR",
+    **{f"parallax-{option.lower()}@{library}": f"Parallax {option}, {name}'s collectives"
+       for option in ("AR", "HYBRID") for library, name in (("horovod", "Horovod"),
+                                                            ("tensorflow", "TensorFlow"))},
     "parallax-ar-own-bn": "Parallax AR, each worker's own batch statistics",
     "parallax-ps": "Parallax PS",
     "parallax-auto": "Parallax AUTO",

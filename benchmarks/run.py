@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -69,7 +70,7 @@ class Setup:
 
 
 def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_allreduce=False,
-              own_batch_norm=False):
+              own_batch_norm=False, collectives=None):
     def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
         resources = ";".join(
             f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
@@ -85,6 +86,8 @@ def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_al
             argv.append("--flat-allreduce")
         if own_batch_norm:
             argv.append("--own-batch-norm")
+        if collectives:
+            argv += ["--collectives", collectives]
         if straggler_ms:
             argv += ["--straggler-ms", str(straggler_ms)]
         argv += ["--profile-dir", os.path.join(out, "profile")]  # where its step's time goes
@@ -143,6 +146,11 @@ SYSTEMS = {  # name -> how to start it
     "horovod-sparse-as-dense": _horovod(sparse_as_dense=True),
     "tf-ps": _tf_ps,
 }
+# The collectives library as a dimension of its own (without one, a job runs the stack's
+# default: Horovod where it is installed).
+COLLECTIVES = {f"{system}@{library}": _parallax(option, collectives=library)
+               for system, option in (("parallax-ar", "AR"), ("parallax-hybrid", "HYBRID"))
+               for library in ("horovod", "tensorflow")}
 # Table 4, cumulative, with one ring for the allreduce; the last stage, parallax-hybrid itself,
 # allreduces in machine stages where its cost model predicts them faster (Config's default).
 ABLATION = {
@@ -164,7 +172,12 @@ STRAGGLER_WORKLOADS = ("lm",)
 # Issue 36: what combining the workers' batch statistics costs (cnn-bn): without it, each
 # worker normalizes its own batch, as Horovod's users do.
 BATCH_NORM = {"parallax-ar-own-bn": _parallax("AR", own_batch_norm=True)}
-EVERY_JOB = {**SYSTEMS, **ABLATION, **STRAGGLER, **BATCH_NORM}  # what --systems may name
+EVERY_JOB = {**SYSTEMS, **COLLECTIVES, **ABLATION, **STRAGGLER, **BATCH_NORM}  # what --systems may name
+HOROVOD = importlib.util.find_spec("horovod") is not None  # not on the default stack
+
+
+def _needs_horovod(system: str) -> bool:
+    return system.startswith("horovod") or system.endswith("@horovod")
 
 
 def run_job(name: str, specs_fn: SpecsFn, setup: Setup, workload: str, out: str,
@@ -257,7 +270,8 @@ def main():
     parser.add_argument("--workloads", nargs="*",
                         default=["cnn", "lm", "lm-whole", "nmt", "tags"],
                         choices=["cnn", "cnn-bn", "lm", "lm-whole", "nmt", "tags"])
-    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS),
+    parser.add_argument("--systems", nargs="*",
+                        default=[s for s in SYSTEMS if HOROVOD or not _needs_horovod(s)],
                         choices=list(EVERY_JOB),
                         help="also single ablation or straggler stages")
     parser.add_argument("--no-ablation", action="store_true")
@@ -271,6 +285,10 @@ def main():
     args = parser.parse_args()
     if len(set(args.rate)) < len(args.rate):
         parser.error("--rate: each rate once")
+    if not HOROVOD and any(map(_needs_horovod, args.systems)):
+        parser.error(f"--systems {[s for s in args.systems if _needs_horovod(s)]}: Horovod is "
+                     "not installed here (it is on the Horovod stack: PARALLAX_STACK=horovod "
+                     "scripts/bootstrap.sh)")
     if os.geteuid() != 0:
         sys.exit("benchmarks/run.py needs root: the emulated cluster is made of network "
                  "namespaces")
