@@ -2,8 +2,7 @@
 # The main demo on a fresh machine: installs what is missing, then trains the CNN classifier
 # on two local workers (cluster_specs/localhost) and prints its falling loss.
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/stack.sh"
 bash "$repo/scripts/bootstrap.sh"
-venv="${PARALLAX_VENV:-$repo/.venv}"
 cd "$repo"
 exec "$venv/bin/python" examples/classifier.py "${@:-cluster_specs/localhost}"
