@@ -6,10 +6,14 @@ step's gradients do).
 
     python benchmarks/allreduce.py [--collectives horovod tensorflow] [--mb 1 10 100]
                                    [--tensors 1 50] [--workers 4] [--steps 10]
-                                   [--bucket-mb 32 [4 ...]] [--out FILE.md]
+                                   [--settings bucket_mb=32 bucket_mb=4,recv_chunk=-1 ...]
+                                   [--out FILE.md]
 
---bucket-mb sets TensorFlow's bucket size (collectives/tensorflow.py, BUCKET_BYTES), each value
-a run of its own. Horovod's fusion is its own (HOROVOD_FUSION_THRESHOLD, 128 MB by default).
+Each of --settings is a run of TensorFlow's collectives with settings of its own, joined by
+commas: bucket_mb (collectives/tensorflow.py's BUCKET_BYTES), recv_chunk (ConfigProto's
+experimental.recv_buf_max_chunk, bytes; -1 sends a tensor in one chunk), subdivs (the
+reductions' max_subdivs_per_device), channels (rpc_options.num_channels_per_target).
+Horovod's fusion is its own (HOROVOD_FUSION_THRESHOLD, 128 MB by default).
 """
 from __future__ import annotations
 
@@ -37,10 +41,9 @@ def _worker(args) -> None:
 
     tf.compat.v1.disable_eager_execution()
     cluster = Cluster.from_json(os.environ["BENCH_CLUSTER"])
-    if args.bucket_mb:
-        from parallax.collectives import tensorflow as tf_collectives  # noqa: C0415
-
-        tf_collectives.BUCKET_BYTES = int(args.bucket_mb * 2**20)
+    collectives = library.create(cluster, lambda: own_server())
+    if args.settings:
+        _apply(_parse(args.settings), collectives)
     server = []
 
     def own_server():
@@ -49,7 +52,6 @@ def _worker(args) -> None:
                                        collectives.configure(tf.compat.v1.ConfigProto())))
         return server[0]
 
-    collectives = library.create(cluster, own_server)
     collectives.join(stages=False)
     cases = [(megabytes, count) for megabytes in args.mb for count in args.tensors]
     for case, (megabytes, count) in enumerate(cases):
@@ -83,6 +85,39 @@ def _worker(args) -> None:
     collectives.leave()
 
 
+def _parse(settings: str) -> dict:
+    parsed = dict(item.split("=", 1) for item in settings.split(","))
+    unknown = set(parsed) - {"bucket_mb", "recv_chunk", "subdivs", "channels"}
+    if unknown:
+        raise SystemExit(f"--settings {settings}: unknown {sorted(unknown)}")
+    return {key: float(value) for key, value in parsed.items()}
+
+
+def _apply(settings: dict, collectives) -> None:
+    """Sets what the implementation keeps fixed, for this benchmark process only."""
+    import functools
+
+    import tensorflow as tf
+    from parallax.collectives import tensorflow as tf_collectives
+
+    if "bucket_mb" in settings:
+        tf_collectives.BUCKET_BYTES = int(settings["bucket_mb"] * 2**20)
+    if "subdivs" in settings:
+        tf.raw_ops.CollectiveReduceV2 = functools.partial(
+            tf.raw_ops.CollectiveReduceV2, max_subdivs_per_device=int(settings["subdivs"]))
+    configure = collectives.configure
+
+    def configured(config):
+        config = configure(config)
+        if "recv_chunk" in settings:
+            config.experimental.recv_buf_max_chunk = int(settings["recv_chunk"])
+        if "channels" in settings:
+            config.rpc_options.num_channels_per_target = int(settings["channels"])
+        return config
+
+    collectives.configure = configured
+
+
 def _run(implementation: str, args) -> list:
     """Start the workers of one implementation; the chief's results."""
     from parallax.cluster import Cluster
@@ -101,8 +136,8 @@ def _run(implementation: str, args) -> list:
     command = [sys.executable, os.path.abspath(__file__), "--role", "worker",
                "--mb", *map(str, args.mb), "--tensors", *map(str, args.tensors),
                "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    if args.bucket_mb and implementation == "tensorflow":
-        command += ["--bucket-mb", str(args.bucket_mb)]
+    if args.settings and implementation == "tensorflow":
+        command += ["--settings", args.settings]
     processes = []
     try:
         for rank in range(n):
@@ -136,11 +171,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--bucket-mb", nargs="*", type=float, default=[])
+    parser.add_argument("--settings", nargs="*", default=[])
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.role == "worker":
-        args.bucket_mb = args.bucket_mb[0] if args.bucket_mb else None
+        args.settings = args.settings[0] if args.settings else None
         _worker(args)
         return
     from parallax.collectives import horovod_installed  # noqa: C0415
@@ -150,10 +185,12 @@ def main() -> None:
         if implementation == "horovod" and not horovod_installed():
             print("horovod: not installed here, left out", file=sys.stderr)
             continue
-        buckets = args.bucket_mb if implementation == "tensorflow" and args.bucket_mb else [None]
-        for bucket in buckets:
-            one = argparse.Namespace(**{**vars(args), "bucket_mb": bucket})
-            label = implementation + (f", buckets of {bucket:g} MB" if bucket else "")
+        variants = args.settings if implementation == "tensorflow" and args.settings else [None]
+        for settings in variants:
+            if settings:
+                _parse(settings)  # a typo fails before any process starts
+            one = argparse.Namespace(**{**vars(args), "settings": settings})
+            label = implementation + (f", {settings}" if settings else "")
             runs.append((label, _run(implementation, one)))
             print(f"{label}: done", file=sys.stderr)
     import tensorflow as tf  # noqa: C0415

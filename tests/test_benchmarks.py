@@ -348,3 +348,27 @@ def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
                               text=True).stdout.strip()
     assert "pxv" not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
                                        text=True).stdout, "the cluster's links outlived 'down'"
+
+
+@pytest.mark.job
+@pytest.mark.collectives
+def test_the_allreduce_microbenchmark_times_each_implementation_and_setting(tmp_path):
+    """Two workers, two sizes, each implementation installed and two settings of TensorFlow's;
+    every worker checks its mean before the chief reports."""
+    out = tmp_path / "allreduce.md"
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "allreduce.py"), "--workers", "2",
+         "--mb", "0.1", "--tensors", "1", "3", "--steps", "2", "--warmup", "1",
+         "--settings", "bucket_mb=0.05", "bucket_mb=32,recv_chunk=-1,subdivs=1,channels=2",
+         "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
+    assert rows[0] == "| implementation | 0.1 MB in 1 | 0.1 MB in 3 |", rows
+    labels = [row.split(" | ")[0][2:] for row in rows[1:]]
+    assert labels == ([*(["horovod"] if HOROVOD else []), "tensorflow, bucket_mb=0.05",
+                       "tensorflow, bucket_mb=32,recv_chunk=-1,subdivs=1,channels=2"]), labels
+    typo = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "allreduce.py"),
+         "--collectives", "tensorflow", "--settings", "bucket=4"],
+        capture_output=True, text=True, timeout=120)
+    assert typo.returncode != 0 and "--settings bucket=4: unknown ['bucket']" in typo.stderr
