@@ -22,6 +22,8 @@ QUEUE_DEQUEUE_OPS = frozenset({
     "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
     "QueueDequeueUpTo", "QueueDequeueUpToV2"})
 INPUT_OP_TYPES = ITERATOR_GET_NEXT_OPS | QUEUE_DEQUEUE_OPS
+ENQUEUE_OP_TYPES = frozenset({"QueueEnqueue", "QueueEnqueueV2", "QueueEnqueueMany",
+                              "QueueEnqueueManyV2"})
 # A reader's records, which a queue-based pipeline batches before its dequeue.
 READER_READ_OPS = frozenset({"ReaderRead", "ReaderReadV2", "ReaderReadUpTo",
                              "ReaderReadUpToV2"})

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
-from parallax.vocabulary import (RESTORE_OP_TYPES, VARIABLE_OP_TYPES, computed_from,
+from parallax.vocabulary import (ENQUEUE_OP_TYPES, RESTORE_OP_TYPES, VARIABLE_OP_TYPES,
                                  data_consumers, upstream_ops, walk)
 from parallax.rewriting.passes.sync import release_step
 
@@ -196,8 +196,16 @@ class Steps:
         differentiated again (analysis.differentiated): what is behind them reaches on to the
         aggregates they need, which a step computes with them."""
         after_aggregates = [c for op in self._aggregates_of for c in data_consumers(op)]
-        return {op for op in computed_from(after_aggregates, self._writes)
-                if op in self._aggregates_of}
+
+        def handed_on(op):
+            # A queue's enqueue hands its values on to what waits for it: the step's side of
+            # a collective run apart from the steps (collectives/tensorflow.py) dequeues the
+            # results after it, by control.
+            waiting = tf_private.control_outputs(op) if op.type in ENQUEUE_OP_TYPES else []
+            return [c for c in data_consumers(op) + waiting if c not in self._writes]
+
+        computed = walk([op for op in after_aggregates if op not in self._writes], handed_on)
+        return {op for op in computed if op in self._aggregates_of}
 
 
 def _restore_writes(op: tf.Operation) -> List[tf.Operation]:
