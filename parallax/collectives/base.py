@@ -43,6 +43,13 @@ class Collectives(abc.ABC):
         """The sum (or mean) of `tensor` over the workers, or over the workers of `group`
         (one of cluster.machine_groups(), available once joined with `stages`)."""
 
+    def as_one(self, build: Callable[["Collectives", List[tf.Tensor]], List[tf.Tensor]],
+               inputs: List[tf.Tensor]) -> List[tf.Tensor]:
+        """build(collectives, inputs), several collectives that follow each other (the machine
+        stages of one tensor) run as one: where a library runs a step's collectives apart from
+        it, they go in one loop rather than a chain of loops the step waits on in turn."""
+        return build(self, inputs)
+
     def allreduce_all(self, tensors: List[tf.Tensor], average: bool) -> List[tf.Tensor]:
         """The allreduce of each of `tensors` (a step's gradients), over all workers."""
         return [self.allreduce(tensor, average) for tensor in tensors]

@@ -118,6 +118,13 @@ class TensorFlowCollectives(Collectives):
         reduced = self._padded(flat, tf.size(flat), reduce)
         return tf.reshape(reduced[:tf.size(flat)], tf.shape(tensor), name=name)
 
+    def as_one(self, build, inputs):
+        if not self._apart:
+            return build(self, inputs)
+        inside = copy.copy(self)  # the same count of keys, its collectives in the loop
+        inside._apart = False
+        return self._loop_apart(lambda taken: build(inside, taken), inputs)
+
     def allreduce_all(self, tensors: List[tf.Tensor], average: bool) -> List[tf.Tensor]:
         """Packed in buckets of one dtype, in the given order (gradients come in about the
         order backpropagation makes them, so a full bucket goes while the next fills)."""

@@ -40,7 +40,9 @@ def allreduce_gradients(graph: tf.Graph, plan: Plan, collectives: Collectives) -
 
 def _allreduce(tensor, average: bool, plan: Plan, collectives: Collectives):
     if plan.hierarchical_allreduce:
-        return machine_allreduce.allreduce(tensor, average, collectives)
+        return collectives.as_one(
+            lambda inside, inputs: [machine_allreduce.allreduce(inputs[0], average, inside)],
+            [tensor])[0]
     return collectives.allreduce(tensor, average)
 
 
