@@ -16,10 +16,12 @@ WORKLOADS = os.path.join(REPO, "tests", "workloads")
 # (PARALLAX_STACK=horovod scripts/test.sh, .ci/run's second part).
 HOROVOD = importlib.util.find_spec("horovod") is not None
 # The op types of the collectives a graph rewritten here holds (the stack's default library).
+# beside_servers: what a step's trace shows of its allreduce where the job has servers
+# (TensorFlow's collectives then run apart from the steps, the step waiting on a queue).
 COLLECTIVE_OPS = ({"allreduce": "HorovodAllreduce", "allgather": "HorovodAllgather",
-                   "prefix": "Horovod"} if HOROVOD else
+                   "prefix": "Horovod", "beside_servers": "HorovodAllreduce"} if HOROVOD else
                   {"allreduce": "CollectiveReduceV2", "allgather": "CollectiveGatherV2",
-                   "prefix": "Collective"})
+                   "prefix": "Collective", "beside_servers": "parallax_apart_"})
 needs_horovod = pytest.mark.skipif(not HOROVOD, reason="needs Horovod, not installed here: "
                                    "it runs on the Horovod stack (PARALLAX_STACK=horovod)")
 

@@ -181,8 +181,8 @@ def test_profiled_runs_write_a_chrome_trace_and_their_phases_and_graphs_are_expo
     assert code == 0, output
     for worker in (0, 1):
         trace = json.loads((profile / f"worker{worker}_step3.json").read_text())
-        assert any(e.get("name") == COLLECTIVE_OPS["allreduce"]
-                   or COLLECTIVE_OPS["allreduce"] in str(e.get("args", {}))
+        assert any(e.get("name") == COLLECTIVE_OPS["beside_servers"]
+                   or COLLECTIVE_OPS["beside_servers"] in str(e.get("args", {}))
                    for e in trace["traceEvents"])
     phases = {r["worker"]: r for r in map(json.loads,
                                           (profile / "phases.jsonl").read_text().splitlines())}

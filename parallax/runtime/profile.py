@@ -12,7 +12,8 @@ one op of the phase was running, phases overlapping as the runtime overlaps them
   server's receive lasts from its request until the tensor has arrived, so it also covers
   the sender's compute of it);
 - server: the servers' own work, aggregation and updates;
-- allreduce: Horovod's collectives (waiting for the slowest worker included);
+- allreduce: the collectives, Horovod's or TensorFlow's (waiting for the slowest worker
+  included; where TensorFlow's run apart from the steps, the step's wait for their results);
 - wait_for_chief: a worker other than the chief waiting for the step's token;
 - compute: every other op of this worker.
 """
@@ -92,7 +93,8 @@ def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:
         op = graph.get_operation_by_name(name)
     except KeyError:  # an op the runtime added: a transfer between devices, a copy
         op = None
-    if op is not None and op.type.startswith("Horovod"):
+    if op is not None and (op.type.startswith(("Horovod", "Collective")) or (
+            op.type in QUEUE_DEQUEUE_OPS and "parallax_apart_" in op.name)):
         return "allreduce"
     if op is not None and op.name.startswith("parallax_sync/") and "wait_for_step" in op.name:
         return "wait_for_chief"
