@@ -47,8 +47,9 @@ def describe(plan: Plan) -> str:
         run_option = ("HYBRID (no sparse variable: every variable allreduced, as AR)"
                       if plan.run_option == "AR" else
                       "HYBRID (no dense variable: every variable on the servers, as PS)")
-    header = (f"Parallax plan: run_option={run_option}, {plan.num_workers} workers on "
-              f"{plan.cluster.num_machines} machines, {len(plan.cluster.servers)} servers"
+    header = (f"Parallax plan: run_option={run_option}, {_count(plan.num_workers, 'worker')} on "
+              f"{_count(plan.cluster.num_machines, 'machine')}, "
+              f"{_count(len(plan.cluster.servers), 'server')}"
               + (", local aggregation"
                  if plan.ps_config.local_aggregation and plan.cluster.servers else "")
               + (", allreduce in machine stages" if plan.hierarchical_allreduce
@@ -92,3 +93,7 @@ def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[s
                                   **cost.ps_options(plan.ps_config))
         predicted[name] = cost.busiest_bytes(phases)
     return predicted
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
