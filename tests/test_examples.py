@@ -20,7 +20,8 @@ def test_example_trains_on_localhost(example, steps):
     assert len(losses) >= 3, result.stdout[-3000:]
     assert losses[-1] < 0.7 * losses[0], f"loss did not fall: {losses}"
     # Both workers trained: a synchronous step waits for each (and the driver for its exit).
-    assert "2 workers on 1 machine, 0 servers" in result.stdout, result.stdout[-3000:]
+    assert re.search(r"2 workers on 1 machine, (0 servers|1 server)\b", result.stdout), (
+        result.stdout[-3000:])
 
 
 def test_word2vec_tutorial_feeds_its_rows_writes_summaries_and_saves_through_the_runner(
