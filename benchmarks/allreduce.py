@@ -35,23 +35,13 @@ def _worker(args) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from parallax import collectives as library
-    from parallax.cluster import Cluster
-    from parallax.runtime.grpc_server import start_server
+    from parallax.worker import WorkerProcess
 
     tf.compat.v1.disable_eager_execution()
-    cluster = Cluster.from_json(os.environ["BENCH_CLUSTER"])
-    collectives = library.create(cluster, lambda: own_server())
+    process = WorkerProcess(heartbeat=None)  # a worker's collectives and server, as in a job
+    cluster, collectives = process.cluster, process.collectives
     if args.settings:
         _apply(_parse(args.settings), collectives)
-    server = []
-
-    def own_server():
-        if not server:
-            server.append(start_server(cluster, "worker", cluster.worker_id,
-                                       collectives.configure(tf.compat.v1.ConfigProto())))
-        return server[0]
-
     collectives.join(stages=False)
     cases = [(megabytes, count) for megabytes in args.mb for count in args.tensors]
     for case, (megabytes, count) in enumerate(cases):
@@ -120,6 +110,7 @@ def _apply(settings: dict, collectives) -> None:
 
 def _run(implementation: str, args) -> list:
     """Start the workers of one implementation; the chief's results."""
+    from parallax import contracts
     from parallax.cluster import Cluster
     from runner.free_ports import free_ports
 
@@ -143,7 +134,7 @@ def _run(implementation: str, args) -> list:
         for rank in range(n):
             cluster = Cluster([0] * n, workers=workers, worker_id=rank,
                               collectives=implementation)
-            env = dict(os.environ, **envs[rank], BENCH_CLUSTER=cluster.to_env(),
+            env = dict(os.environ, **envs[rank], **{contracts.CLUSTER_ENV: cluster.to_env()},
                        TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
             processes.append(subprocess.Popen(
                 command, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
