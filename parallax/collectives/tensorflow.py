@@ -38,6 +38,7 @@ ALL_WORKERS = 1  # the group key of every worker; the machine stages' groups fol
 BUCKET_BYTES = 32 * 1024 * 1024
 SIZES_PER_DOUBLING = 4  # padded sizes 2^(k/4): at most 19% of padding
 _PADDED_KEYS = 32 * SIZES_PER_DOUBLING + 1  # keys reserved per padded collective
+APART_SCOPE = "parallax_apart_"  # the name scope of a collective's loop apart from the steps
 
 log = logging.getLogger("parallax")
 
@@ -230,7 +231,7 @@ class TensorFlowCollectives(Collectives):
         takes the results from another; a loop (_CollectiveRunner) takes them from the first,
         runs the collective and puts its results in the second."""
         key = self._key()  # the loop's step sequence, and its name
-        with tf.name_scope(f"parallax_apart_{key}"):
+        with tf.name_scope(f"{APART_SCOPE}{key}"):
             incoming = tf.queue.FIFOQueue(1, [t.dtype for t in inputs], name="incoming")
             taken = _as_list(incoming.dequeue())
             for tensor, value in zip(taken, inputs):

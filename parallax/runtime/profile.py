@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from parallax import tf_private
+from parallax.collectives.tensorflow import APART_SCOPE
 from parallax.config import ProfileConfig
 from parallax.planning.traces import covered
 from parallax.vocabulary import INPUT_OP_TYPES, QUEUE_DEQUEUE_OPS, READER_READ_OPS
@@ -94,7 +95,7 @@ def _phase(device: str, node, graph: tf.Graph) -> Optional[str]:
     except KeyError:  # an op the runtime added: a transfer between devices, a copy
         op = None
     if op is not None and (op.type.startswith(("Horovod", "Collective")) or (
-            op.type in QUEUE_DEQUEUE_OPS and "parallax_apart_" in op.name)):
+            op.type in QUEUE_DEQUEUE_OPS and APART_SCOPE in op.name)):
         return "allreduce"
     if op is not None and op.name.startswith("parallax_sync/") and "wait_for_step" in op.name:
         return "wait_for_chief"
