@@ -1,6 +1,8 @@
 """Data-parallel training must be numerically single-device training on the combined batch:
 for every run option, optimizer, with and without clip_by_global_norm, with moving averages,
-and with the graph built after tf.compat.v1.disable_v2_behavior() (equivalence.TF1_CONFIGS)."""
+and with the graph built after tf.compat.v1.disable_v2_behavior() (equivalence.TF1_CONFIGS).
+A run option's models share its configurations by turns (equivalence.configs_by_turns): each
+configuration trains in some model of the run option, each model in both behaviours."""
 import functools
 import os
 import re
@@ -92,35 +94,56 @@ ONLY_BESIDE_HOROVOD = pytest.mark.skipif(
     not HOROVOD, reason="TensorFlow's collectives are this stack's default: the AR jobs run them")
 
 
-def _param(name):
+def _configs(name):
+    """What a job trains, by turns (equivalence.configs_by_turns): each model of a group its
+    share, so that the group trains every configuration in its run option; each single job
+    half, the next single job the other half."""
+    model, *setting = JOBS[name]
+    if len(setting) == 1:
+        models = GROUPS[setting[0]][0]
+        return equivalence.configs_by_turns(models.index(model), len(models))
+    singles = [job for job in JOBS if len(JOBS[job]) == 3]
+    return equivalence.configs_by_turns(singles.index(name), 2)
+
+
+def _marks(name):
     marks = [pytest.mark.collectives] if name in COLLECTIVES_JOBS else []
     if name == "AR-rejoining-horovod":
         marks.append(needs_horovod)
     elif "tensorflow" in name:
         marks.append(ONLY_BESIDE_HOROVOD)
-    return pytest.param(name, marks=marks)
+    return marks
+
+
+def _jobs(*names, configs=False):
+    """Parameters of the `job` fixture, and with `configs` of each job's configurations."""
+    if not configs:
+        return [pytest.param(name, marks=_marks(name), id=name) for name in names]
+    return [pytest.param(name, config, marks=_marks(name), id=f"{name}-{config}")
+            for name in names for config in _configs(name)]
 
 
 def _workers(resources):
     return sum(len(host.split(":")[1].split(",")) for host in resources.split(";"))
 
 
-@pytest.fixture(scope="module", params=[_param(name) for name in JOBS])
+@pytest.fixture(scope="module")
 def job(request, tmp_path_factory):
-    """One job per setting trains every optimizer configuration (a group's job, every model
-    of the group: run once, for its first model's tests)."""
+    """One job per setting trains its configurations (a group's job, every model of the
+    group: run once, for its first model's tests)."""
     model, *setting = JOBS[request.param]
     if len(setting) == 1:
         group = setting[0]
         models, resources, extra = GROUPS[group]
         if group not in _group_runs:  # a failed job is not run again for the next model
             _group_runs[group] = tmp_path_factory.mktemp(group)
-            _run(",".join(models), resources, extra, _group_runs[group])
+            _run(",".join(models), resources, [*extra, "--by-turns"], _group_runs[group])
         out = _group_runs[group] / model
         assert (out / "output.txt").exists(), f"the {group} job failed: see its first test"
     else:
         resources, extra = setting
-        out = _run(model, resources, extra, tmp_path_factory.mktemp(request.param))
+        out = _run(model, resources, [*extra, "--configs", *_configs(request.param)],
+                   tmp_path_factory.mktemp(request.param))
     return model, _workers(resources), out, "--fetch-gradients" in extra
 
 
@@ -149,7 +172,7 @@ def _single_device(model, config, batch, fetch_gradients=False):
                                            fetch_gradients=fetch_gradients)
 
 
-@pytest.mark.parametrize("config", equivalence.CONFIGS)
+@pytest.mark.parametrize("job,config", _jobs(*JOBS, configs=True), indirect=["job"])
 def test_workers_equal_single_device(job, config):
     model, workers, out, fetch_gradients = job
     expected, expected_steps = _single_device(
@@ -171,8 +194,8 @@ def test_workers_equal_single_device(job, config):
                                        err_msg=f"{config}: {name} on worker {worker}")
 
 
-@pytest.mark.parametrize("job", ["AR-seq2seq", "PS-seq2seq", "HYBRID-seq2seq", "AUTO-seq2seq"],
-                         indirect=True)
+@pytest.mark.parametrize("job", _jobs("AR-seq2seq", "PS-seq2seq", "HYBRID-seq2seq",
+                                     "AUTO-seq2seq"), indirect=True)
 def test_a_loss_normalized_by_its_tokens_is_divided_by_the_combined_batchs(job):
     """Said in the plan, for the hand-written loss and tf.compat.v1.losses' (weights=mask).
     (Each trains as on one device: test_workers_equal_single_device.)"""
@@ -184,7 +207,7 @@ def test_a_loss_normalized_by_its_tokens_is_divided_by_the_combined_batchs(job):
                for line in said), said
 
 
-@pytest.mark.parametrize("job", ["PS-lstm"], indirect=True)
+@pytest.mark.parametrize("job", _jobs("PS-lstm"), indirect=True)
 def test_workers_leave_horovod_after_the_first_broadcast_when_no_step_uses_it(job):
     """Each configuration's runner joins Horovod to broadcast the Keras LSTM's seed generator
     state, then leaves it (idle, it costs CPU every cycle), and the next joins again: still
@@ -192,11 +215,11 @@ def test_workers_leave_horovod_after_the_first_broadcast_when_no_step_uses_it(jo
     LSTM is a tf.scan of variables that all live on the servers: no Horovod at all."""
     _, _, out, _ = job
     output = (out / "output.txt").read_text()
-    keras = [config for config in equivalence.CONFIGS if config not in equivalence.TF1_CONFIGS]
+    keras = [config for config in _configs("PS-lstm") if config not in equivalence.TF1_CONFIGS]
     assert output.count(LEFT_COLLECTIVES) == len(keras), output[-3000:]
 
 
-@pytest.mark.parametrize("job", ["AUTO-two-tables"], indirect=True)
+@pytest.mark.parametrize("job", _jobs("AUTO-two-tables"), indirect=True)
 def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
     """The embedding, whose batches repeat a few ids, goes to a server (whole: 40 rows, which
     a split would not make 5% faster); the tags table, whose ~100 ids a batch are nearly all
@@ -210,7 +233,7 @@ def test_auto_mixes_a_server_and_an_allgather_in_one_plan(job):
     assert "kept whole: tags ('tags' is a reference variable" in "\n".join(plan)
 
 
-@pytest.mark.parametrize("job", ["HYBRID-split", "HYBRID-keras-embedding-split"],
+@pytest.mark.parametrize("job", _jobs("HYBRID-split", "HYBRID-keras-embedding-split"),
                          indirect=True)
 def test_an_embedding_is_split_over_both_servers(job):
     """Each worker stores the embedding in two row shards, one on each server. (They train
@@ -223,8 +246,7 @@ def test_an_embedding_is_split_over_both_servers(job):
     assert "/part_1 " in plan[1] and "server 1" in plan[1], plan
 
 
-@pytest.mark.parametrize("job", ["HYBRID-split"], indirect=True)
-@pytest.mark.parametrize("config", equivalence.CONFIGS)
+@pytest.mark.parametrize("job,config", _jobs("HYBRID-split", configs=True), indirect=["job"])
 def test_checkpoints_of_a_split_embedding_load_into_the_single_device_graph(job, config):
     _, workers, out, _ = job
     expected, _ = _single_device("sparse", config, workers * equivalence.BATCH_PER_WORKER)

@@ -32,6 +32,18 @@ CONFIGS = [f"{opt}{'+clip' if clip else ''}"
 # Built, rewritten and trained after tf.compat.v1.disable_v2_behavior(), as ported TF1 code is:
 # reference variables, TF1 shapes (Dimension entries), v1 control flow and DatasetV1.
 TF1_CONFIGS = [config for config in CONFIGS if config.endswith("+clip")]
+
+
+def configs_by_turns(index, count):
+    """The configurations the `index`-th of a job's `count` models trains: the job trains each
+    configuration in some model, and each model trains both behaviours (TF2, and TF1's with
+    clip_by_global_norm) and an optimizer of LOSSES_API and one not. Turn j is the j-th
+    optimizer without clipping and the (j+2)-th with it."""
+    plain = [config for config in CONFIGS if config not in TF1_CONFIGS]
+    return [config for turn in range(index % len(plain), len(plain), count)
+            for config in (plain[turn], TF1_CONFIGS[(turn + 2) % len(plain)])]
+
+
 VOCAB, EMBED, FEATURES, HIDDEN, CLASSES, IDS_PER_EXAMPLE = 40, 4, 6, 8, 3, 3
 ID_RANGE = VOCAB // 2  # ids drawn below it (set_dense_ids: every row in every batch)
 STEPS, BATCH_PER_WORKER = 20, 4
@@ -285,6 +297,9 @@ def main():
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
     parser.add_argument("--configs", nargs="*", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--by-turns", action="store_true",
+                        help="each model trains its turns of the configs (configs_by_turns), "
+                             "not every one of --configs")
     parser.add_argument("--sum", action="store_true",
                         help="aggregate gradients as the sum over workers, not the mean")
     parser.add_argument("--dense-ids", action="store_true", help="see set_dense_ids")
@@ -329,16 +344,18 @@ def main():
         trial_steps=args.trial_steps, trial_retime_within=args.trial_retime_within,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}),
         collectives=args.collectives)
-    for model in args.model:
+    for index, model in enumerate(args.model):
         out = os.path.join(args.out, model) if len(args.model) > 1 else args.out
         os.makedirs(out, exist_ok=True)
-        _train_configs(model, args, config_of_job, out)
+        configs = (configs_by_turns(index, len(args.model)) if args.by_turns
+                   else args.configs)
+        _train_configs(model, configs, args, config_of_job, out)
 
 
-def _train_configs(model, args, config_of_job, out):
-    """`model` trained in each of args.configs, one get_runner each; every worker's variables
+def _train_configs(model, configs, args, config_of_job, out):
+    """`model` trained in each of `configs`, one get_runner each; every worker's variables
     and global steps in OUT/CONFIG.workerK.npz."""
-    for index, config in enumerate(args.configs):
+    for index, config in enumerate(configs):
         with behaviour(config in TF1_CONFIGS):
             graph, train_op, global_step = build(model, config, BATCH_PER_WORKER, shard=True)
             if args.rejoin_horovod:
