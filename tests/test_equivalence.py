@@ -103,7 +103,7 @@ def _configs(name):
         models = GROUPS[setting[0]][0]
         return equivalence.configs_by_turns(models.index(model), len(models))
     singles = [job for job in JOBS if len(JOBS[job]) == 3]
-    return equivalence.configs_by_turns(singles.index(name), 2)
+    return equivalence.configs_by_turns(singles.index(name) % 2, 2)
 
 
 def _marks(name):
