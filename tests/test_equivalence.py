@@ -86,6 +86,7 @@ JOBS = {
     "AUTO-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
 _group_runs = {}  # group name: its job's folder
+_single_runs = {}  # a single job's name: its folder
 # The jobs of the collectives' paths (allreduce, allgather, machine stages, joining): .ci/run
 # runs them on the Horovod stack too (pytest -m collectives).
 COLLECTIVES_JOBS = [name for name in JOBS if name.startswith(("AR-", "HYBRID"))
@@ -142,8 +143,13 @@ def job(request, tmp_path_factory):
         assert (out / "output.txt").exists(), f"the {group} job failed: see its first test"
     else:
         resources, extra = setting
-        out = _run(model, resources, [*extra, "--configs", *_configs(request.param)],
-                   tmp_path_factory.mktemp(request.param))
+        # (each of the job's configurations is a parameter of its own: run once for all)
+        if request.param not in _single_runs:
+            _single_runs[request.param] = tmp_path_factory.mktemp(request.param)
+            _run(model, resources, [*extra, "--configs", *_configs(request.param)],
+                 _single_runs[request.param])
+        out = _single_runs[request.param]
+        assert (out / "output.txt").exists(), f"the {request.param} job failed: see its first test"
     return model, _workers(resources), out, "--fetch-gradients" in extra
 
 
