@@ -85,8 +85,7 @@ JOBS = {
     # divided by the combined batch's count, as on one device (passes/loss_denominators.py).
     "AUTO-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "AUTO"]),
 }
-_group_runs = {}  # group name: its job's folder
-_single_runs = {}  # a single job's name: its folder
+_runs = {}  # a group's or single job's name: its job's folder
 # The jobs of the collectives' paths (allreduce, allgather, machine stages, joining): .ci/run
 # runs them on the Horovod stack too (pytest -m collectives).
 COLLECTIVES_JOBS = [name for name in JOBS if name.startswith(("AR-", "HYBRID"))
@@ -136,21 +135,24 @@ def job(request, tmp_path_factory):
     if len(setting) == 1:
         group = setting[0]
         models, resources, extra = GROUPS[group]
-        if group not in _group_runs:  # a failed job is not run again for the next model
-            _group_runs[group] = tmp_path_factory.mktemp(group)
-            _run(",".join(models), resources, [*extra, "--by-turns"], _group_runs[group])
-        out = _group_runs[group] / model
-        assert (out / "output.txt").exists(), f"the {group} job failed: see its first test"
+        out = _run_once(tmp_path_factory, group, ",".join(models), resources,
+                        [*extra, "--by-turns"]) / model
     else:
         resources, extra = setting
         # (each of the job's configurations is a parameter of its own: run once for all)
-        if request.param not in _single_runs:
-            _single_runs[request.param] = tmp_path_factory.mktemp(request.param)
-            _run(model, resources, [*extra, "--configs", *_configs(request.param)],
-                 _single_runs[request.param])
-        out = _single_runs[request.param]
-        assert (out / "output.txt").exists(), f"the {request.param} job failed: see its first test"
+        out = _run_once(tmp_path_factory, request.param, model, resources,
+                        [*extra, "--configs", *_configs(request.param)])
     return model, _workers(resources), out, "--fetch-gradients" in extra
+
+
+def _run_once(tmp_path_factory, name, models, resources, extra):
+    """The folder of job `name`, run at its first test; a failed job is not run again for
+    the next test."""
+    if name not in _runs:
+        _runs[name] = tmp_path_factory.mktemp(name)
+        _run(models, resources, extra, _runs[name])
+    assert (_runs[name] / "output.txt").exists(), f"the {name} job failed: see its first test"
+    return _runs[name]
 
 
 def _run(models, resources, extra, out):
