@@ -12,6 +12,13 @@ this noisy machine one run's ratio is not a figure).
     python benchmarks/run.py --rate 100mbit 1gbit 10gbit --no-ablation --no-straggler \
         --out DIR_i                                                (or several rates each)
     python benchmarks/repeated.py DIR_1 DIR_2 DIR_3 [--out FILE.md]
+
+- Paired systems (--ratio A/B ...): per rate and workload, each run's throughput of A over
+  B's, their median and spread (minimum to maximum). Runs alternate the systems' order
+  (run.py --systems in reverse in every other run), so that the machine's drift falls on
+  both sides of a pair.
+
+    python benchmarks/repeated.py DIR_1 DIR_2 DIR_3 --ratio parallax-ar@tensorflow/parallax-ar@horovod
 """
 from __future__ import annotations
 
@@ -85,6 +92,42 @@ def _by_rate(folders: List[str]) -> List[str]:
     return lines
 
 
+def ratio_table(folders: List[str], pairs: List[Tuple[str, str]]) -> List[str]:
+    """Per rate, workload and pair (A, B) measured in every run: each run's throughput of A
+    over B's, their median, minimum and maximum."""
+    lines = ["| link | workload | ratio | " + _run_columns(len(folders))
+             + " | median | spread |", "|---|---|---|" + "---|" * (len(folders) + 2)]
+    runs = [_summaries(folder) for folder in folders]
+    for rate in runs[0]:
+        for workload in report.rows_by_workload(runs[0][rate]):
+            for a, b in pairs:
+                ratios = []
+                for run in runs:
+                    rows = report.rows_by_workload(run.get(rate, {"results": []}))
+                    over = [report.throughput(rows.get(workload, []), s) for s in (a, b)]
+                    ratios.append(over[0] / over[1] if all(over) else None)
+                if None in ratios:
+                    continue
+                label = f"{report.SYSTEM_LABELS[a]} / {report.SYSTEM_LABELS[b]}"
+                lines.append(f"| {rate} | {workload} | {label} | "
+                             + " | ".join(f"{r:.2f}" for r in ratios)
+                             + f" | {statistics.median(ratios):.2f} | "
+                             f"{min(ratios):.2f}-{max(ratios):.2f} |")
+    if len(lines) == 2:
+        raise ValueError("no pair of systems measured in every run")
+    return lines
+
+
+def _summaries(folder: str) -> Dict[str, dict]:
+    """The run's summaries by rate: one rate's (folder/summary.json) or several."""
+    path = os.path.join(folder, "summary.json")
+    if os.path.exists(path):
+        with open(path) as summary_file:
+            summary = json.load(summary_file)
+        return {summary["rate"]: summary}
+    return report.rate_summaries(folder)
+
+
 def _run_columns(runs: int) -> str:
     return " | ".join(f"run {i + 1}" for i in range(runs))
 
@@ -94,13 +137,25 @@ def _ratio_columns(ratios: List[float]) -> str:
     return " | ".join(f"{r:.2f}" for r in [*ratios, statistics.median(ratios), min(ratios)])
 
 
+def _pair(text: str) -> Tuple[str, str]:
+    """--ratio's type: two of report.SYSTEM_LABELS's systems."""
+    pair = tuple(text.split("/"))
+    unknown = [s for s in pair if s not in report.SYSTEM_LABELS]
+    if len(pair) != 2 or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give two systems as A/B, of {sorted(report.SYSTEM_LABELS)}")
+    return pair
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", help="run.py's --out of each run")
     parser.add_argument("--out", help="write the table to this markdown file too")
+    parser.add_argument("--ratio", nargs="+", metavar="A/B", type=_pair,
+                        help="paired systems' throughput ratios instead of AUTO's targets")
     args = parser.parse_args()
     try:
-        lines = table(args.folders)
+        lines = ratio_table(args.folders, args.ratio) if args.ratio else table(args.folders)
     except ValueError as error:
         parser.error(str(error))
     report.print_and_save(lines, args.out)

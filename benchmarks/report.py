@@ -291,7 +291,8 @@ def _row(rows: List[dict], system: str) -> Optional[dict]:
     return next((r for r in rows if r["system"] == system and not r["error"]), None)
 
 
-def _throughput(rows: List[dict], system: str) -> Optional[float]:
+def throughput(rows: List[dict], system: str) -> Optional[float]:
+    """The system's throughput, if it ran and did not fail."""
     row = _row(rows, system)
     return row["throughput"] if row else None
 
@@ -304,7 +305,7 @@ def fastest(rows: List[dict], systems: List[str]) -> Optional[dict]:
 
 def auto_over_best(rows: List[dict]) -> Optional[Tuple[float, str]]:
     """Parallax AUTO's throughput over the best alternative's (ALTERNATIVES), and which one."""
-    auto, best = _throughput(rows, "parallax-auto"), fastest(rows, ALTERNATIVES)
+    auto, best = throughput(rows, "parallax-auto"), fastest(rows, ALTERNATIVES)
     return (auto / best["throughput"], best["system"]) if auto and best else None
 
 
@@ -321,7 +322,7 @@ def auto_ratios(rows: Dict[str, List[dict]], summary: dict) -> Dict[str, tuple]:
     ratios = {}
     for workload, goal in goals.items():
         baselines = ["horovod"] if workload == "cnn" else BASELINES
-        auto = _throughput(rows.get(workload, []), "parallax-auto")
+        auto = throughput(rows.get(workload, []), "parallax-auto")
         best = fastest(rows.get(workload, []), baselines)
         if auto and best:
             label = "Horovod" if workload == "cnn" else "the best of Horovod and TF-PS"
@@ -337,7 +338,7 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict],
                      f"the minimum of 3 runs counts: benchmarks/repeated.py): "
                      f"{'met' if ratio >= goal else 'NOT met'} in this run")
     if "lm" in rows:
-        hybrid = _throughput(rows["lm"], "parallax-hybrid")
+        hybrid = throughput(rows["lm"], "parallax-hybrid")
         best = fastest(rows["lm"], BASELINES)
         if hybrid and best:
             lines.append(f"- (b) lm: Parallax HYBRID / best of Horovod and TF-PS = "
@@ -352,7 +353,7 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict],
                          f"step) has its busiest link busy {slowest['link_bound_ratio']:.0%} of "
                          f"the step (target >= 50%); one worker computes a step in "
                          f"{single['step_ms']:.0f} ms")
-        synchronous, asynchronous = (_throughput(rows["lm"], s) for s in (
+        synchronous, asynchronous = (throughput(rows["lm"], s) for s in (
             "parallax-ps-straggler", "parallax-ps-async-straggler"))
         if synchronous and asynchronous:
             delay = next(r["straggler_ms"] for r in rows["lm"]
@@ -362,7 +363,7 @@ def targets(rows: Dict[str, List[dict]], transform: Optional[dict],
                          f"step): PS asynchronous / synchronous = {ratio:.2f} (async should "
                          f"win): {'met' if ratio > 1 else 'NOT met'}")
     if "cnn" in rows:
-        hybrid, horovod = (_throughput(rows["cnn"], s) for s in ("parallax-hybrid", "horovod"))
+        hybrid, horovod = (throughput(rows["cnn"], s) for s in ("parallax-hybrid", "horovod"))
         if hybrid and horovod:
             lines.append(f"- (a) cnn: Parallax HYBRID / Horovod = {hybrid / horovod:.3f} "
                          f"(target >= 0.97): {'met' if hybrid >= 0.97 * horovod else 'NOT met'}")

@@ -1,5 +1,6 @@
 """The benchmark harness: its Table 3 arithmetic, and one short run of it on the emulated
 cluster (the benchmark's numbers are its own business; here it must run and report)."""
+import argparse
 import json
 import os
 import subprocess
@@ -271,6 +272,31 @@ def test_repeated_multi_rate_runs_give_the_median_and_minimum_against_the_target
                                      "NOT met"]  # the median below 0.97
     with pytest.raises(ValueError, match="mix"):
         repeated.table(folders + [os.path.join(REPO, "benchmarks", "results")])
+
+
+def test_paired_runs_give_each_runs_ratio_its_median_and_spread(tmp_path):
+    """A / B per rate and workload, single-rate runs or not; a pair missing from a run is
+    left out, and --ratio names systems run.py knows."""
+    per_run = [0.10, 0.08, 0.125]  # TensorFlow's step, in runs whose Horovod step is 0.1 s
+    folders = []
+    for i, step in enumerate(per_run):
+        folder = tmp_path / f"run{i + 1}"
+        _write(folder, _summary("100mbit", {"parallax-ar@tensorflow": step,
+                                            "parallax-ar@horovod": 0.1, "horovod": 0.2}))
+        folders.append(str(folder))
+    lines = repeated.ratio_table(folders, [("parallax-ar@tensorflow", "parallax-ar@horovod"),
+                                           ("parallax-ar@horovod", "horovod"),
+                                           ("parallax-hybrid", "horovod")])
+    cells = _cells(lines, key_columns=3)
+    assert list(cells) == [("100mbit", "lm", "Parallax AR, TensorFlow's collectives / "
+                            "Parallax AR, Horovod's collectives"),
+                           ("100mbit", "lm", "Parallax AR, Horovod's collectives / Horovod")]
+    assert list(cells.values()) == [["1.00", "1.25", "0.80", "1.00", "0.80-1.25"],
+                                    ["2.00", "2.00", "2.00", "2.00", "2.00-2.00"]]
+    with pytest.raises(ValueError, match="no pair"):
+        repeated.ratio_table(folders, [("parallax-hybrid", "horovod")])
+    with pytest.raises(argparse.ArgumentTypeError, match="give two systems"):
+        repeated._pair("parallax-ar/hvd")  # noqa: SLF001
 
 
 @pytest.mark.skipif(no_cluster_reason is not None, reason=no_cluster_reason or "")
