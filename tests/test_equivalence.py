@@ -6,6 +6,7 @@ configuration trains in some model of the run option, each model in both behavio
 import functools
 import os
 import re
+import shlex
 
 import numpy as np
 import pytest
@@ -21,106 +22,114 @@ TWO_MACHINES = "127.0.0.1:0,1;127.0.0.2:0,1"
 TENSORFLOW = ["--collectives", "tensorflow"]
 WITHOUT_HOROVOD = os.path.join(os.path.dirname(__file__), "without_horovod")  # sitecustomize
 
-# Jobs with the same settings train several models, one get_runner each in turn (the
-# first of a HYBRID job has an embedding, so that the job has servers): name: (models,
-# resources, extra arguments).
-GROUPS = {
-    "AR": (["dense", "sparse", "keras", "lstm", "lookup-sparse", "seq2seq"], "localhost:0,1",
+# A part is a setting (a run option and Config's options) and the models trained in it, each
+# in its turns of the configurations: part: (models, arguments).
+PARTS = {
+    "AR": (["dense", "sparse", "keras", "lstm", "lookup-sparse", "seq2seq"],
            ["--run-option", "MPI"]),  # the paper's name of AR
-    "PS": (["sparse", "lstm", "seq2seq"], TWO_MACHINES, ["--run-option", "PS"]),
+    "PS": (["sparse", "lstm", "seq2seq"], ["--run-option", "PS"]),
     # The embedding's gradient fetched with the train op, as a script inspects it: the
-    # aggregate, whole (and stitched from its shards in the split jobs below).
+    # aggregate, whole (and stitched from its shards in the split parts below).
     # A Keras 3 Embedding layer (the text-classification tutorials'): its gather's gradient
     # is sparse, so the table goes to a server and the Dense kernels are allreduced.
-    "HYBRID": (["sparse", "lstm", "keras-embedding", "lookup-sparse", "seq2seq"], TWO_MACHINES,
+    "HYBRID": (["sparse", "lstm", "keras-embedding", "lookup-sparse", "seq2seq"],
                ["--run-option", "HYBRID", "--fetch-gradients"]),
     # Ids made unique before the lookup (embedding_lookup_sparse): one device's gradient has
     # a row per distinct id of the combined batch, and clip_by_global_norm its norm.
-    "PS-no-local-aggregation": (["sparse", "lookup-sparse"], TWO_MACHINES,
+    "PS-no-local-aggregation": (["sparse", "lookup-sparse"],
                                 ["--run-option", "PS", "--ps-off", "local_aggregation"]),
     # On the Horovod stack, TensorFlow's own collective ops too (the default stack's AR and
-    # HYBRID jobs run them), in a Python without Horovod: dense gradients packed in buckets,
+    # HYBRID parts run them), in a Python without Horovod: dense gradients packed in buckets,
     # sparse ones gathered padded, the broadcast, the state combined (keras' moving statistics,
     # the loss denominators).
     "AR-tensorflow": (["dense", "sparse", "keras", "lstm", "lookup-sparse", "seq2seq"],
-                      "localhost:0,1", ["--run-option", "AR", *TENSORFLOW]),
-}
-JOBS = {
-    # name: (model, resources, extra arguments), or (model, group) for a model of a group
-    **{f"AR-{model}": (model, "AR") for model in GROUPS["AR"][0]},
-    "PS": ("sparse", "PS"), "PS-lstm": ("lstm", "PS"), "PS-seq2seq": ("seq2seq", "PS"),
-    "HYBRID": ("sparse", "HYBRID"),
-    **{f"HYBRID-{model}": (model, "HYBRID") for model in GROUPS["HYBRID"][0][1:]},
-    **{f"AR-tensorflow-{model}": (model, "AR-tensorflow") for model in GROUPS["AR"][0]},
-    "PS-no-local-aggregation": ("sparse", "PS-no-local-aggregation"),
-    "PS-no-optimizations": ("sparse", TWO_MACHINES, [
+                      ["--run-option", "AR", *TENSORFLOW]),
+    "PS-no-optimizations": (["sparse"], [
         "--run-option", "PS", "--ps-off", "local_aggregation", "post_aggregation_placement",
         "boundary_between_workers_and_servers"]),
-    "HYBRID-no-local-aggregation": ("sparse", TWO_MACHINES,
+    "HYBRID-no-local-aggregation": (["sparse"],
                                     ["--run-option", "HYBRID", "--ps-off", "local_aggregation"]),
     # Dense gradients allreduced in machine stages (rewriting/machine_allreduce.py).
-    "AR-machine-stages": ("dense", TWO_MACHINES, ["--run-option", "AR",
-                                                  "--hierarchical-allreduce"]),
-    "AR-machine-stages-tensorflow": ("dense", TWO_MACHINES, [
-        "--run-option", "AR", "--hierarchical-allreduce", *TENSORFLOW]),
-    "HYBRID-lstm-machine-stages": ("lstm", TWO_MACHINES, ["--run-option", "HYBRID",
-                                                          "--hierarchical-allreduce"]),
+    "AR-machine-stages": (["dense"], ["--run-option", "AR", "--hierarchical-allreduce"]),
+    "AR-machine-stages-tensorflow": (["dense"], ["--run-option", "AR",
+                                                 "--hierarchical-allreduce", *TENSORFLOW]),
+    "HYBRID-lstm-machine-stages": (["lstm"], ["--run-option", "HYBRID",
+                                              "--hierarchical-allreduce"]),
     # Horovod joined without the stages' process sets (idle, they cost CPU every cycle), again
     # with them for a later runner in stages, and again after leaving it (AUTO's trials leave
     # it when the plan they keep needs none).
-    "AR-rejoining-horovod": ("dense", TWO_MACHINES, ["--run-option", "AR",
-                                                     "--rejoin-horovod"]),
-    "PS-lookup-sparse-no-local-aggregation": ("lookup-sparse", "PS-no-local-aggregation"),
+    "AR-rejoining-horovod": (["dense"], ["--run-option", "AR", "--rejoin-horovod"]),
     # Both kinds of sparse synchronization in one plan (test_auto_mixes_...).
-    "AUTO-two-tables": ("two-tables", TWO_MACHINES, ["--run-option", "AUTO"]),
+    "AUTO-two-tables": (["two-tables"], ["--run-option", "AUTO"]),
     # The embedding, which the user did not partition, split over both servers
     # (Config.split_variables, rewriting/split_variables.py); its checkpoints load into the
     # single-device graph.
-    "HYBRID-split": ("sparse", TWO_MACHINES, ["--run-option", "HYBRID", "--split-variables",
-                                              "--checkpoint", "--fetch-gradients"]),
-    "HYBRID-keras-embedding-split": ("keras-embedding", TWO_MACHINES, [
+    "HYBRID-split": (["sparse"], ["--run-option", "HYBRID", "--split-variables",
+                                  "--checkpoint", "--fetch-gradients"]),
+    "HYBRID-keras-embedding-split": (["keras-embedding"], [
         "--run-option", "HYBRID", "--split-variables", "--ps-off", "local_aggregation",
         "--fetch-gradients"]),
     # A loss normalized by the tokens that are not padding, each worker's count its own:
     # divided by the combined batch's count, as on one device (passes/loss_denominators.py).
-    "AUTO-seq2seq": ("seq2seq", TWO_MACHINES, ["--run-option", "AUTO"]),
+    "AUTO-seq2seq": (["seq2seq"], ["--run-option", "AUTO"]),
 }
-_runs = {}  # a group's or single job's name: its job's folder
-# The jobs of the collectives' paths (allreduce, allgather, machine stages, joining): .ci/run
+# A job trains its parts one after another (the parts its selected tests need), one
+# get_runner a configuration: one job per cluster and collectives library, launched for its
+# first part's graph (so a part with servers goes first). The parts whose steps use no
+# collectives go before those whose steps do: once a runner's steps use them, the process
+# keeps them joined (PS-lstm's test sees each runner leave them). A part the driver decides
+# for (AUTO, split_variables) is a job of its own: a job's later get_runner calls take the
+# decision of its first.
+JOBS = {  # job: (resources, parts)
+    "one-machine": ("localhost:0,1", ["AR"]),
+    "two-machines": (TWO_MACHINES, ["PS", "PS-no-local-aggregation", "PS-no-optimizations",
+                                    "HYBRID", "HYBRID-no-local-aggregation",
+                                    "HYBRID-lstm-machine-stages", "AR-machine-stages"]),
+    "one-machine-tensorflow": ("localhost:0,1", ["AR-tensorflow"]),
+    **{part: (TWO_MACHINES, [part]) for part in (
+        "AR-machine-stages-tensorflow", "AR-rejoining-horovod", "AUTO-two-tables",
+        "HYBRID-split", "HYBRID-keras-embedding-split", "AUTO-seq2seq")},
+}
+JOB_OF_PART = {part: job for job, (_, parts) in JOBS.items() for part in parts}
+# The tests' cases: a part's model (named by the part alone where it has one model).
+CASES = {(part if len(models) == 1 else f"{part}-{model}"): (part, model)
+         for part, (models, _) in PARTS.items() for model in models}
+_runs = {}  # a job's name: its folder
+# The cases of the collectives' paths (allreduce, allgather, machine stages, joining): .ci/run
 # runs them on the Horovod stack too (pytest -m collectives).
-COLLECTIVES_JOBS = [name for name in JOBS if name.startswith(("AR-", "HYBRID"))
-                    and "split" not in name and "no-local-aggregation" not in name]
+COLLECTIVES_CASES = [case for case in CASES if case.startswith(("AR-", "HYBRID"))
+                     and "split" not in case and "no-local-aggregation" not in case]
 ONLY_BESIDE_HOROVOD = pytest.mark.skipif(
-    not HOROVOD, reason="TensorFlow's collectives are this stack's default: the AR jobs run them")
+    not HOROVOD, reason="TensorFlow's collectives are this stack's default: the AR parts run them")
 
 
-def _configs(name):
-    """What a job trains, by turns (equivalence.configs_by_turns): each model of a group its
-    share, so that the group trains every configuration in its run option; each single job
-    half, the next single job the other half."""
-    model, *setting = JOBS[name]
-    if len(setting) == 1:
-        models = GROUPS[setting[0]][0]
+def _configs(case):
+    """What a case trains, by turns (equivalence.configs_by_turns): each model of a part its
+    share, so that the part trains every configuration in its setting; each part of one model
+    half, the next such part the other half."""
+    part, model = CASES[case]
+    models = PARTS[part][0]
+    if len(models) > 1:
         return equivalence.configs_by_turns(models.index(model), len(models))
-    singles = [job for job in JOBS if len(JOBS[job]) == 3]
-    return equivalence.configs_by_turns(singles.index(name) % 2, 2)
+    singles = [p for p, (ms, _) in PARTS.items() if len(ms) == 1]
+    return equivalence.configs_by_turns(singles.index(part) % 2, 2)
 
 
-def _marks(name):
-    marks = [pytest.mark.collectives] if name in COLLECTIVES_JOBS else []
-    if name == "AR-rejoining-horovod":
+def _marks(case):
+    marks = [pytest.mark.collectives] if case in COLLECTIVES_CASES else []
+    if case == "AR-rejoining-horovod":
         marks.append(needs_horovod)
-    elif "tensorflow" in name:
+    elif "tensorflow" in case:
         marks.append(ONLY_BESIDE_HOROVOD)
     return marks
 
 
-def _jobs(*names, configs=False):
-    """Parameters of the `job` fixture, and with `configs` of each job's configurations."""
+def _jobs(*cases, configs=False):
+    """Parameters of the `job` fixture, and with `configs` of each case's configurations."""
     if not configs:
-        return [pytest.param(name, marks=_marks(name), id=name) for name in names]
-    return [pytest.param(name, config, marks=_marks(name), id=f"{name}-{config}")
-            for name in names for config in _configs(name)]
+        return [pytest.param(case, marks=_marks(case), id=case) for case in cases]
+    return [pytest.param(case, config, marks=_marks(case), id=f"{case}-{config}")
+            for case in cases for config in _configs(case)]
 
 
 def _workers(resources):
@@ -129,48 +138,54 @@ def _workers(resources):
 
 @pytest.fixture(scope="module")
 def job(request, tmp_path_factory):
-    """One job per setting trains its configurations (a group's job, every model of the
-    group: run once, for its first model's tests)."""
-    model, *setting = JOBS[request.param]
-    if len(setting) == 1:
-        group = setting[0]
-        models, resources, extra = GROUPS[group]
-        out = _run_once(tmp_path_factory, group, ",".join(models), resources,
-                        [*extra, "--by-turns"]) / model
-    else:
-        resources, extra = setting
-        # (each of the job's configurations is a parameter of its own: run once for all)
-        out = _run_once(tmp_path_factory, request.param, model, resources,
-                        [*extra, "--configs", *_configs(request.param)])
+    """The case's model, the job's workers, the case's folder and whether it fetched the
+    gradients; the job is run once, at its first test, for the parts the session's tests
+    need."""
+    part, model = CASES[request.param]
+    job_name = JOB_OF_PART[part]
+    resources, parts = JOBS[job_name]
+    if job_name not in _runs:
+        _runs[job_name] = tmp_path_factory.mktemp(job_name)
+        _run(resources, [p for p in parts if p in _selected_parts(request.session)],
+             _runs[job_name])
+    out = _runs[job_name]
+    assert (out / "output.txt").exists(), f"the {job_name} job failed: see its first test"
+    models, extra = PARTS[part]
+    out = out / part / model if len(models) > 1 else out / part
     return model, _workers(resources), out, "--fetch-gradients" in extra
 
 
-def _run_once(tmp_path_factory, name, models, resources, extra):
-    """The folder of job `name`, run at its first test; a failed job is not run again for
-    the next test."""
-    if name not in _runs:
-        _runs[name] = tmp_path_factory.mktemp(name)
-        _run(models, resources, extra, _runs[name])
-    assert (_runs[name] / "output.txt").exists(), f"the {name} job failed: see its first test"
-    return _runs[name]
+def _selected_parts(session):
+    """The parts of the cases the session's tests take."""
+    return {CASES[item.callspec.params["job"]][0] for item in session.items
+            if "job" in getattr(getattr(item, "callspec", None), "params", {})}
 
 
-def _run(models, resources, extra, out):
+def _run(resources, parts, out):
+    """The job training `parts` in turn; its output, and each part's model's share of it in
+    that part's folder."""
     env = None
-    if "tensorflow" in extra:
+    if any("tensorflow" in PARTS[part][1] for part in parts):
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [WITHOUT_HOROVOD,
                                                            os.environ.get("PYTHONPATH")]))}
-    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", models,
-                     "--resources", resources, "--out", str(out), *extra, timeout=1800,
-                     env=env)
+    arguments = []
+    for part in parts:
+        models, extra = PARTS[part]
+        configs = (["--by-turns"] if len(models) > 1
+                   else ["--configs", *_configs(part)])
+        arguments.append(f"--part={part}=" + shlex.join(
+            ["--model", ",".join(models), *extra, *configs]))
+    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--resources", resources,
+                     "--out", str(out), *arguments, timeout=1800, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rest = result.stdout
+    for part in parts:
+        models = PARTS[part][0]
+        for model in models:
+            share, _, rest = rest.partition(f":worker:0] {part}/{model}: trained")
+            folder = out / part / model if len(models) > 1 else out / part
+            (folder / "output.txt").write_text(share)
     (out / "output.txt").write_text(result.stdout)
-    if "," in models:  # each model's part of it, up to the chief's line that it is trained
-        rest = result.stdout
-        for model in models.split(","):
-            part, _, rest = rest.partition(f":worker:0] {model}: trained")
-            (out / model / "output.txt").write_text(part)
-    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -180,7 +195,7 @@ def _single_device(model, config, batch, fetch_gradients=False):
                                            fetch_gradients=fetch_gradients)
 
 
-@pytest.mark.parametrize("job,config", _jobs(*JOBS, configs=True), indirect=["job"])
+@pytest.mark.parametrize("job,config", _jobs(*CASES, configs=True), indirect=["job"])
 def test_workers_equal_single_device(job, config):
     model, workers, out, fetch_gradients = job
     expected, expected_steps = _single_device(

@@ -7,11 +7,14 @@ shard and saves its variables and the global_step after every step. The tests im
     python equivalence.py --model sparse --resources localhost:0,1 --out DIR [--run-option AR]
         [--configs sgd adam+clip] [--sum] [--ps-off local_aggregation ...] [--checkpoint]
         [--fetch-gradients]
+    python equivalence.py --resources R --out DIR --part NAME="--model M --run-option PS ..." ...
+        (one job of several settings, each part's results in DIR/NAME)
 """
 import argparse
 import dataclasses
 import itertools
 import os
+import shlex
 
 import keras
 import numpy as np
@@ -289,10 +292,33 @@ def train_single_device(model, config, batch, loss_scale=1.0, fetch_gradients=Fa
 
 
 def main():
+    parser = _parser()
+    args = parser.parse_args()
+    if args.dense_ids:
+        set_dense_ids()
+    tf.compat.v1.disable_eager_execution()
+    if not args.part:
+        _train_models(args, args.out, label="")
+    for part in args.part:
+        # A part's settings are a get_runner's own; the job's cluster is its first part's
+        # (give the first a part that needs servers if any does).
+        name, _, text = part.partition("=")
+        part_args = parser.parse_args([*shlex.split(text), "--resources", args.resources,
+                                       "--out", os.path.join(args.out, name)])
+        if part_args.part or part_args.dense_ids:
+            parser.error(f"--part {name}: a part takes neither --part nor --dense-ids")
+        _train_models(part_args, part_args.out, label=f"{name}/")
+
+
+def _parser():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True, type=lambda text: text.split(","),
+    parser.add_argument("--model", type=lambda text: text.split(","), default=[],
                         help="a model, or several joined by commas, each trained in every "
                              "config in turn, its results in OUT/MODEL/: " + ", ".join(MODELS))
+    parser.add_argument("--part", action="append", default=[], metavar="NAME=ARGUMENTS",
+                        help="instead of --model: one job trains several settings in turn, "
+                             "each part's arguments (all but --resources and --out) its own, "
+                             "its results in OUT/NAME/")
     parser.add_argument("--resources", default="localhost:0,1")
     parser.add_argument("--run-option", default="AR")
     parser.add_argument("--out", required=True)
@@ -329,13 +355,16 @@ def main():
                         "trials kept a plan without it, and joined again by the third's")
     parser.add_argument("--collectives", choices=["horovod", "tensorflow"],
                         help="Config(collectives=...)")
-    args = parser.parse_args()
+    return parser
+
+
+def _train_models(args, out_folder, label):
+    """Each of args.model trained in its configurations (all of --configs, or by turns); the
+    chief says '{label}{model}: trained' after each."""
     unknown = set(args.model) - set(MODELS)
-    if unknown:
-        parser.error(f"unknown models {sorted(unknown)}")
-    if args.dense_ids:
-        set_dense_ids()
-    tf.compat.v1.disable_eager_execution()
+    if unknown or not args.model:
+        raise SystemExit(f"--model: unknown models {sorted(unknown)}" if unknown
+                         else "--model or --part is needed")
     config_of_job = parallax.Config(
         run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
         search_partitions=args.search_partitions,
@@ -345,11 +374,12 @@ def main():
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}),
         collectives=args.collectives)
     for index, model in enumerate(args.model):
-        out = os.path.join(args.out, model) if len(args.model) > 1 else args.out
+        out = os.path.join(out_folder, model) if len(args.model) > 1 else out_folder
         os.makedirs(out, exist_ok=True)
         configs = (configs_by_turns(index, len(args.model)) if args.by_turns
                    else args.configs)
         _train_configs(model, configs, args, config_of_job, out)
+        print(f"{label}{model}: trained", flush=True)
 
 
 def _train_configs(model, configs, args, config_of_job, out):
@@ -373,7 +403,6 @@ def _train_configs(model, configs, args, config_of_job, out):
             from parallax import api  # pylint: disable=C0415
 
             api._process().collectives.leave()  # noqa: SLF001
-    print(f"{model}: trained", flush=True)
 
 if __name__ == "__main__":
     main()
