@@ -97,12 +97,19 @@ def _last_step(output):
                if line.startswith(f"[{HOSTS[0]}:worker:0] step "))
 
 
-def _uninterrupted(cluster, tmp_path, total):
-    script = os.path.join(WORKLOADS, "checkpointed.py")
-    done = run_job(script, RESOURCES, "HYBRID", str(tmp_path / "a"), str(tmp_path / "a.npz"),
-                   str(total), env=cluster, timeout=300)
+TOTAL_STEPS = 24  # of the checkpointed jobs, interrupted or not
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, tmp_path_factory):
+    """The variables of the checkpointed job run through, which the interrupted ones end
+    with."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    done = run_job(os.path.join(WORKLOADS, "checkpointed.py"), RESOURCES, "HYBRID",
+                   str(out / "ckpt"), str(out / "a.npz"), str(TOTAL_STEPS), env=cluster,
+                   timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
-    return np.load(tmp_path / "a.npz")
+    return np.load(out / "a.npz")
 
 
 def _assert_same_variables(a, b, exact=False):
@@ -114,14 +121,11 @@ def _assert_same_variables(a, b, exact=False):
             np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_job_stopped_saves_and_resumes_as_if_never_stopped(cluster, tmp_path):
+def test_job_stopped_saves_and_resumes_as_if_never_stopped(cluster, uninterrupted, tmp_path):
     script = os.path.join(WORKLOADS, "checkpointed.py")
-    total = 16
-    uninterrupted = _uninterrupted(cluster, tmp_path, total)
-
     ckpt = tmp_path / "b"
     driver, token = start(cluster, script, RESOURCES, "HYBRID", str(ckpt),
-                          str(tmp_path / "b.npz"), str(total), "0.4")
+                          str(tmp_path / "b.npz"), str(TOTAL_STEPS), "0.4")
     deadline = time.monotonic() + 240
     while not (ckpt / "model-8.index").exists():
         assert time.monotonic() < deadline and driver.poll() is None, "no checkpoint at step 8"
@@ -139,22 +143,21 @@ def test_job_stopped_saves_and_resumes_as_if_never_stopped(cluster, tmp_path):
     assert_hosts_idle()
 
     resumed = run_job(script, RESOURCES, "HYBRID", str(ckpt), str(tmp_path / "b.npz"),
-                      str(total), env=cluster, timeout=300)
+                      str(TOTAL_STEPS), env=cluster, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     first = [line for line in resumed.stdout.splitlines() if "worker 0 starts at step" in line]
     assert first and int(first[0].split()[-1]) >= 8
     _assert_same_variables(uninterrupted, np.load(tmp_path / "b.npz"))
 
 
-def test_job_killed_twice_restarts_by_itself_and_ends_as_if_never_killed(cluster, tmp_path):
+def test_job_killed_twice_restarts_by_itself_and_ends_as_if_never_killed(cluster, uninterrupted,
+                                                                          tmp_path):
     """Config(max_restarts=2): a remote worker killed, then a remote server; each time the
     job starts again from its latest checkpoint, and a save left half-done is cleaned."""
     script = os.path.join(WORKLOADS, "checkpointed.py")
-    total = 24
-    uninterrupted = _uninterrupted(cluster, tmp_path, total)
     ckpt = tmp_path / "b"
     driver, token = start(cluster, script, RESOURCES, "HYBRID", str(ckpt),
-                          str(tmp_path / "b.npz"), str(total), "0.3", "2")
+                          str(tmp_path / "b.npz"), str(TOTAL_STEPS), "0.3", "2")
     lines = []
     threading.Thread(target=lambda: lines.extend(driver.stdout), daemon=True).start()
     for kill_at, role in ((8, "worker"), (16, "server")):
