@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -14,16 +14,18 @@ from parallax.runtime import monitored, recording
 from runner import slurm
 from runner.control import Heartbeat
 
-_worker_process: Optional[worker.WorkerProcess] = None  # this process's, once it is a worker
+# This process's, once it is a worker, by its cluster (the worker's id in it): one, but for
+# jobs whose workers are threads of one process (tests/in_process.py).
+_worker_processes: Dict[str, worker.WorkerProcess] = {}
 
 
 def _process() -> worker.WorkerProcess:
     """The state of this worker process that outlives a get_runner call (worker.py), made at
     the script's first Parallax call: from then on the driver hears from the process."""
-    global _worker_process  # pylint: disable=global-statement
-    if _worker_process is None:
-        _worker_process = worker.WorkerProcess(Heartbeat.from_env())
-    return _worker_process
+    identity = contracts.read_cluster().to_env()
+    if identity not in _worker_processes:
+        _worker_processes[identity] = worker.WorkerProcess(Heartbeat.from_env())
+    return _worker_processes[identity]
 
 
 def _count_and_id() -> Tuple[int, int]:

@@ -11,10 +11,12 @@ with a typed writer and a typed reader.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
@@ -26,6 +28,27 @@ CLUSTER_ENV = "PARALLAX_CLUSTER"  # Cluster.to_env(): the topology, addresses an
 SERVER_INDEX_ENV = "PARALLAX_SERVER_INDEX"  # which server a "server" process is
 PLAN_ENV = "PARALLAX_PLAN"  # [Plan.to_text()] made once by the driver; AUTO's trials follow
 PARTITIONS_ENV = "PARALLAX_PARTITIONS"  # {call: shards} for parallax.get_partitioner's calls
+
+
+# Where the readers below look: the process's environment, or, for code run in `environment`,
+# the one given there (tests/in_process.py runs a job's workers as threads of one process).
+_ENVIRONMENT: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "parallax_environment")
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """The readers of this module see `values` over the process's environment, in this
+    context (thread) alone."""
+    token = _ENVIRONMENT.set({**os.environ, **values})
+    try:
+        yield
+    finally:
+        _ENVIRONMENT.reset(token)
+
+
+def _environ() -> Mapping[str, str]:
+    return _ENVIRONMENT.get(os.environ)
 
 
 DISTRIBUTED, ONE_DEVICE = "distributed", "one device"  # VerifyRun.phase
@@ -48,12 +71,12 @@ class VerifyRun:
 
 
 def read_verify_run() -> Optional[VerifyRun]:
-    text = os.environ.get(VERIFY_ENV)
+    text = _environ().get(VERIFY_ENV)
     return VerifyRun(**json.loads(text)) if text else None
 
 
 def role() -> str:
-    return os.environ.get(ROLE_ENV, "driver")
+    return _environ().get(ROLE_ENV, "driver")
 
 
 def process_env(role_name: str, cluster: Cluster) -> Dict[str, str]:
@@ -61,7 +84,7 @@ def process_env(role_name: str, cluster: Cluster) -> Dict[str, str]:
 
 
 def read_cluster() -> Cluster:
-    return Cluster.from_json(os.environ[CLUSTER_ENV])
+    return Cluster.from_json(_environ()[CLUSTER_ENV])
 
 
 def server_env(index: int) -> Dict[str, str]:
@@ -69,7 +92,7 @@ def server_env(index: int) -> Dict[str, str]:
 
 
 def read_server_index() -> int:
-    return int(os.environ[SERVER_INDEX_ENV])
+    return int(_environ()[SERVER_INDEX_ENV])
 
 
 def plan_env(plan_texts: List[str], partitions: List[list]) -> Dict[str, str]:
@@ -81,15 +104,15 @@ def plan_env(plan_texts: List[str], partitions: List[list]) -> Dict[str, str]:
 
 
 def read_plan_texts() -> List[str]:
-    if PLAN_ENV not in os.environ:
+    if PLAN_ENV not in _environ():
         raise ParallaxError("this worker has no plan from the driver; start the script itself "
                             "(python script.py), whose get_runner plans and launches the workers")
-    return json.loads(os.environ[PLAN_ENV])
+    return json.loads(_environ()[PLAN_ENV])
 
 
 def read_partition_counts() -> Dict[int, int]:
     """{call: shards} of the driver's plan; empty outside a job, or in the driver."""
-    text: Optional[str] = os.environ.get(PARTITIONS_ENV)
+    text: Optional[str] = _environ().get(PARTITIONS_ENV)
     return {int(call): count for call, count in json.loads(text).items()} if text else {}
 
 

@@ -2,6 +2,7 @@
 the environment's variables or the graph collections behind them."""
 import ast
 import pathlib
+import threading
 
 import pytest
 import tensorflow as tf
@@ -58,6 +59,29 @@ def test_plan_text_and_partition_counts_round_trip(env):
     assert contracts.read_plan_texts() == ['{"plan": 1}', 'b']
     assert contracts.read_partition_counts() == {0: 4, 2: 2}
 
+
+
+def test_an_environment_given_to_a_thread_is_read_there_alone(env):
+    """contracts.environment: each of a job's workers run as threads of one process
+    (tests/in_process.py) reads its own identity; the process's own is unchanged."""
+    env({contracts.PARTITIONS_ENV: '{"0": 3}'})
+    read = {}
+
+    def worker(worker_id):
+        cluster = Cluster([0, 1], workers=["h1:8", "h2:8"], worker_id=worker_id)
+        with contracts.environment(contracts.process_env("worker", cluster)):
+            barrier.wait()  # both inside at once
+            read[worker_id] = (contracts.role(), contracts.read_cluster().worker_id,
+                               contracts.read_partition_counts())
+
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert read == {0: ("worker", 0, {0: 3}), 1: ("worker", 1, {0: 3})}
+    assert contracts.role() == "driver"
 
 # ---- the graph collections whose records are JSON: they survive a MetaGraphDef copy ---------
 

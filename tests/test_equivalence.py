@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import in_process
 from conftest import HOROVOD, WORKLOADS, load_workload, needs_horovod, run_job
 from parallax.worker import LEFT_COLLECTIVES
 
@@ -290,16 +291,18 @@ def test_checkpoints_of_a_split_embedding_load_into_the_single_device_graph(job,
 @pytest.mark.parametrize("run_option", ["AR", "PS"])
 def test_sum_aggregation_is_single_device_on_the_summed_loss(tmp_path, run_option):
     """average_dense/average_sparse=False sums worker gradients: with two workers that is the
-    gradient of twice the mean loss on the combined batch."""
-    result = run_job(os.path.join(WORKLOADS, "equivalence.py"), "--model", "sparse", "--sum",
-                     "--configs", "sgd", "--out", str(tmp_path), "--run-option", run_option)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    gradient of twice the mean loss on the combined batch. (Its workers are threads of this
+    process: tests/in_process.py.)"""
+    equivalence.train_in_process(["--model", "sparse", "--sum", "--configs", "sgd",
+                                  "--run-option", run_option, "--resources", "localhost:0,1",
+                                  "--out", str(tmp_path)], in_process.run_workers)
     expected, _ = equivalence.train_single_device(
         "sparse", "sgd", 2 * equivalence.BATCH_PER_WORKER, loss_scale=2.0)
-    saved = np.load(tmp_path / "sgd.worker1.npz")
-    for name, value in expected.items():
-        np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+    for worker in (0, 1):
+        saved = np.load(tmp_path / f"sgd.worker{worker}.npz")
+        for name, value in expected.items():
+            np.testing.assert_allclose(saved[f"var/{name}"], value, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} on worker {worker}")
 
 
 @pytest.mark.parametrize("model,dense_ids", [("sparse", True), ("sparse", False),

@@ -365,14 +365,7 @@ def _train_models(args, out_folder, label):
     if unknown or not args.model:
         raise SystemExit(f"--model: unknown models {sorted(unknown)}" if unknown
                          else "--model or --part is needed")
-    config_of_job = parallax.Config(
-        run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
-        search_partitions=args.search_partitions,
-        split_variables=True if args.split_variables else None,
-        hierarchical_allreduce=True if args.hierarchical_allreduce else None,
-        trial_steps=args.trial_steps, trial_retime_within=args.trial_retime_within,
-        ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}),
-        collectives=args.collectives)
+    config_of_job = config_of(args)
     for index, model in enumerate(args.model):
         out = os.path.join(out_folder, model) if len(args.model) > 1 else out_folder
         os.makedirs(out, exist_ok=True)
@@ -380,6 +373,30 @@ def _train_models(args, out_folder, label):
                    else args.configs)
         _train_configs(model, configs, args, config_of_job, out)
         print(f"{label}{model}: trained", flush=True)
+
+
+def config_of(args):
+    """The parallax.Config of the command line's settings."""
+    return parallax.Config(
+        run_option=args.run_option, average_dense=not args.sum, average_sparse=not args.sum,
+        search_partitions=args.search_partitions,
+        split_variables=True if args.split_variables else None,
+        hierarchical_allreduce=True if args.hierarchical_allreduce else None,
+        trial_steps=args.trial_steps, trial_retime_within=args.trial_retime_within,
+        ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}),
+        collectives=args.collectives)
+
+
+def train_in_process(argv, run_workers):
+    """The job of the command line `argv` (--model M ... --resources R --out DIR), its workers
+    run by `run_workers` (tests/in_process.py): the driver's plan made for M's first graph."""
+    args = _parser().parse_args(argv)
+    if set(args.configs) & set(TF1_CONFIGS):
+        raise ValueError(f"{sorted(set(args.configs) & set(TF1_CONFIGS))}: TF1 behaviour is "
+                         "a switch of the process, which its workers share here")
+    first, _, _ = build(args.model[0], args.configs[0], BATCH_PER_WORKER, shard=True)
+    run_workers(first, args.resources, config_of(args),
+                lambda: _train_models(args, args.out, label=""))
 
 
 def _train_configs(model, configs, args, config_of_job, out):
