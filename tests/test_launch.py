@@ -56,8 +56,9 @@ def _assert_nothing_left(token):
     assert _job_processes(token) == [], "processes of the job are still running"
 
 
-def test_workers_run_with_prefixed_output():
-    driver, token = _start("ok")
+def test_workers_run_with_prefixed_output_and_progress_goes_to_the_metrics_file(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    driver, token = _start("ok", PARALLAX_TEST_METRICS=str(metrics))
     code, output = _finish(driver)
     assert code == 0, output
     assert "[localhost:worker:0] worker 0 ready" in output
@@ -67,6 +68,10 @@ def test_workers_run_with_prefixed_output():
     # Every worker runs the script's top again, but its lines are the driver's to print.
     assert [line for line in output.splitlines() if "graph built for" in line] == [
         "graph built for ok"]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["step"] == 10  # every worker's 10 steps, the last record after exit
+    assert all(r["loss"] > 0 for r in records if "loss" in r) and "loss" in records[-1]
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
     _assert_nothing_left(token)
 
 
@@ -107,32 +112,15 @@ def test_signal_to_driver_stops_every_worker(signum):
     _assert_nothing_left(token)
 
 
-def test_redirect_path_writes_one_log_per_worker(tmp_path):
-    driver, token = _start("ok", "localhost:0,1", str(tmp_path))
+def test_loopback_addresses_are_separate_machines_and_redirect_path_writes_a_log_each(
+        tmp_path):
+    driver, token = _start("ok", "127.0.0.1:0\n127.0.0.2:0", str(tmp_path))
     code, output = _finish(driver)
     assert code == 0, output
-    assert "[localhost:worker" not in output
-    for worker in (0, 1):
-        log = (tmp_path / f"localhost_worker_{worker}.log").read_text()
-        assert f"worker {worker} done" in log
-
-
-def test_loopback_addresses_are_separate_machines():
-    driver, token = _start("ok", "127.0.0.1:0\n127.0.0.2:0")
-    code, output = _finish(driver)
-    assert code == 0, output
-    assert "worker 1 done" in output
-
-
-def test_progress_goes_to_the_metrics_file(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    driver, token = _start("ok", PARALLAX_TEST_METRICS=str(metrics))
-    code, output = _finish(driver)
-    assert code == 0, output
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert records[-1]["step"] == 10  # every worker's 10 steps, the last record after exit
-    assert all(r["loss"] > 0 for r in records if "loss" in r) and "loss" in records[-1]
-    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
+    assert "[127.0.0." not in output
+    for worker, host in enumerate(("127.0.0.1", "127.0.0.2")):
+        log = (tmp_path / f"{host}_worker_{worker}.log").read_text()
+        assert f"worker {worker} done" in log and f"worker {worker} is shard {worker} of 2" in log
     _assert_nothing_left(token)
 
 
