@@ -1,8 +1,9 @@
 """The graph's vocabulary, for every stage: the kinds of ops Parallax tells apart (variables,
-input, random draws, restores, function calls) and the walks over a graph's ops. A list of op
-types is written here once; the stages import it."""
+input, random draws, restores, function calls), the walks over a graph's ops, and the start of
+a graph's queue runners. A list of op types is written here once; the stages import it."""
 from __future__ import annotations
 
+import threading
 from typing import Callable, Collection, Hashable, Iterable, Iterator, List, Set, TypeVar
 
 import tensorflow as tf
@@ -122,3 +123,17 @@ def reached(ops: Iterable[tf.Operation], fed: Collection[tf.Tensor]) -> Set[tf.O
     tensors."""
     return set(walk(ops, lambda op: [t.op for t in op.inputs if t not in fed]
                      + list(op.control_inputs)))
+
+
+# -- queue runners --------------------------------------------------------------------------
+
+def start_queue_runners(graph: tf.Graph, session, coordinator: tf.compat.v1.train.Coordinator
+                        ) -> List[threading.Thread]:
+    """The threads of the graph's queue runners (a queue-based input pipeline:
+    shuffle_batch, string_input_producer), started in `session` as under
+    tf.compat.v1.train.MonitoredSession; the caller stops them through `coordinator`. None
+    where the graph has none, where TensorFlow would warn."""
+    if not graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        return []
+    with graph.as_default():
+        return tf.compat.v1.train.start_queue_runners(session, coord=coordinator, daemon=True)

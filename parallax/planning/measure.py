@@ -25,7 +25,7 @@ import tensorflow as tf
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis, gradient_sources, update_ops_by_variable
 from parallax.planning.traces import profiler_log_dropped, step_shares
-from parallax.vocabulary import VARIABLE_OP_TYPES, is_setting, upstream_ops
+from parallax.vocabulary import VARIABLE_OP_TYPES, is_setting, start_queue_runners, upstream_ops
 from parallax.graph_copy import copy_graph
 
 
@@ -208,14 +208,11 @@ def _probe_session(graph: tf.Graph):
     initializers += graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
                                       operation_timeout_in_ms=PROBE_RUN_SECONDS * 1000)
-    coordinator, threads = tf.compat.v1.train.Coordinator(), []
+    coordinator = tf.compat.v1.train.Coordinator()
     with tf.compat.v1.Session(graph=graph, config=config) as session:
         session.run(initializers)
         session.run(_iterator_initializers(graph))
-        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):  # else TF's warning
-            with graph.as_default():
-                threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator,
-                                                                 daemon=True)
+        threads = start_queue_runners(graph, session, coordinator)
         try:
             yield session
         finally:

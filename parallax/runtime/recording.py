@@ -28,7 +28,7 @@ from parallax.contracts import VerifyRun
 from parallax.planning.analysis import GraphAnalysis
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check
-from parallax.vocabulary import STATEFUL_RANDOM_OP_TYPES, reached
+from parallax.vocabulary import STATEFUL_RANDOM_OP_TYPES, reached, start_queue_runners
 
 # Random draws of a step: recorded where one value is drawn for each example (dropout's mask,
 # an augmentation's flip), so that one device draws the workers' values for the combined batch.
@@ -155,11 +155,7 @@ class ReplayRunner(tf_private.SessionInterface):
         self._steps = 0
         self._paddings = {}  # input name: (padding value, what it is), once padded; in NOTES
         self._coordinator = tf.compat.v1.train.Coordinator()
-        self._threads = []
-        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
-            with graph.as_default():
-                self._threads = tf.compat.v1.train.start_queue_runners(
-                    self.session, coord=self._coordinator, daemon=True)
+        self._threads = start_queue_runners(graph, self.session, self._coordinator)
 
     @property
     def graph(self) -> tf.Graph:

@@ -22,7 +22,7 @@ from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check, recording
 from parallax.runtime.steps import Steps
-from parallax.vocabulary import INPUT_OP_TYPES
+from parallax.vocabulary import INPUT_OP_TYPES, start_queue_runners
 
 log = logging.getLogger("parallax")
 # A restore each worker reports to the driver, which stops a job where one worker restored and
@@ -90,11 +90,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         # A queue-based input pipeline (tf.compat.v1.train.shuffle_batch, string_input_producer)
         # runs as under tf.compat.v1.train.MonitoredSession: started here, stopped at close.
         self._coordinator = tf.compat.v1.train.Coordinator()
-        self._queue_threads = []
-        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
-            with graph.as_default():
-                self._queue_threads = tf.compat.v1.train.start_queue_runners(
-                    session, coord=self._coordinator, daemon=True)
+        self._queue_threads = start_queue_runners(graph, session, self._coordinator)
         # And the loops of collectives run apart from the steps (collectives/tensorflow.py).
         for loop in contracts.read_apart_loops(graph):
             self._queue_threads += loop.create_threads(session, self._coordinator)
