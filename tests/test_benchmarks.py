@@ -224,6 +224,20 @@ def test_the_rates_report_gives_each_systems_step_and_auto_over_the_best_alterna
                                     f"{100 * auto['prediction_error']:+.0f}%")
 
 
+def test_the_straggler_rows_compare_the_asynchronous_steps_with_the_synchronous():
+    """run.py's straggler jobs, the last worker 300 ms slower a step: PS asynchronous against
+    synchronous, in the report's targets (the short benchmark below runs without them). An
+    asynchronous job's throughput is every worker's steps: twice the steps, of each worker."""
+    summary = _summary("1gbit", {"parallax-ps-straggler": 0.4,
+                                 "parallax-ps-async-straggler": 0.2})
+    for job in summary["results"][1:]:
+        for record in job["records"]:
+            record.update(straggler_ms=300, asynchronous="async" in job["system"])
+    lines = report.targets(report.rows_by_workload(summary), None, summary)
+    assert ("- lm with a straggler (the last worker 300 ms slower a step): PS asynchronous / "
+            "synchronous = 4.00 (async should win): met") in lines, lines
+
+
 def test_a_run_on_one_host_reports_without_link_bytes(tmp_path):
     """--hosts 1: the workers share one host and no byte crosses a link to compare with
     Table 3's figures."""
@@ -351,7 +365,7 @@ def test_a_short_benchmark_runs_every_kind_of_system_and_reports(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "run.py"), "--workloads", "lm",
          "--systems", "parallax-auto", *(["horovod"] if HOROVOD else []), "tf-ps",
-         "--no-ablation",
+         "--no-ablation", "--no-straggler",  # their rows: test_the_straggler_rows_...
          "--warmup", "1", "--window", "2", "--windows", "1", "--rate", "1gbit",
          "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=900)
