@@ -9,6 +9,7 @@ import sys
 # check), which no_processes_outside_job_tests would take for the test starting a process.
 import numpy.testing  # noqa: F401
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = os.path.join(REPO, "tests", "workloads")
@@ -41,6 +42,33 @@ def load_workload(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# The modules whose tests use the network namespaces of scripts/emulated_cluster.sh (tests/
+# emulated.py's hosts, or benchmarks/run.py's), which one test at a time can hold.
+EMULATED_CLUSTER_MODULES = {f"tests/test_{name}.py" for name in (
+    "benchmarks", "cluster", "emulated_cluster", "faults", "slurm")}
+
+
+class _ModuleScheduling(LoadScopeScheduling):
+    """pytest-xdist's scheduling for scripts/test.sh's two workers: a module's tests on one
+    worker, so that a job a module fixture runs for all its tests runs once; the emulated
+    cluster's modules on one worker, one test after another, and first: they are the longest
+    chain of tests (xdist takes the others largest first)."""
+    EMULATED = "emulated cluster"
+
+    def _split_scope(self, nodeid):
+        module = nodeid.split("::")[0]
+        return self.EMULATED if module in EMULATED_CLUSTER_MODULES else module
+
+    def _assign_work_unit(self, node):
+        if self.EMULATED in self.workqueue:
+            self.workqueue.move_to_end(self.EMULATED, last=False)
+        super()._assign_work_unit(node)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return _ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
