@@ -9,7 +9,6 @@ a job's start-up. Horovod runs one worker per process: these jobs use TensorFlow
 Graphs are built and rewritten while other workers train, so TF1 behaviour (a process-wide
 switch) cannot be part of them: the real jobs cover it.
 """
-import contextlib
 import dataclasses
 import threading
 from typing import Callable, List, TypeVar
@@ -68,13 +67,3 @@ def run_workers(first_graph: tf.Graph, resources: str, config: parallax.Config,
         raise AssertionError(f"worker {rank} failed: {error!r}") from error
     assert not stuck, f"{stuck} still running after {TIMEOUT_SECS} s"
     return results
-
-
-@contextlib.contextmanager
-def closing(runner):
-    """The runner, closed after the block (its sessions, and its collectives' threads)."""
-    try:
-        yield runner
-    finally:
-        runner.close()
-

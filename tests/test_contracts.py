@@ -60,7 +60,6 @@ def test_plan_text_and_partition_counts_round_trip(env):
     assert contracts.read_partition_counts() == {0: 4, 2: 2}
 
 
-
 def test_an_environment_given_to_a_thread_is_read_there_alone(env):
     """contracts.environment: each of a job's workers run as threads of one process
     (tests/in_process.py) reads its own identity; the process's own is unchanged."""
