@@ -25,10 +25,12 @@ RESOURCES = ";".join(f"{host}:0,1" for host in HOSTS)
 def _cannot_make_namespaces():
     if os.geteuid() != 0:
         return "needs root to create network namespaces"
-    probe = subprocess.run(["ip", "netns", "add", "pxprobe"], capture_output=True, text=True)
+    # A name of this process's own: each pytest-xdist worker probes as it collects, at once.
+    name = f"pxprobe{os.getpid()}"
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot create network namespaces here: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", "pxprobe"], check=True)
+    subprocess.run(["ip", "netns", "delete", name], check=True)
     return None
 
 
