@@ -82,8 +82,11 @@ def get_runner(graph: tf.Graph, resources: Optional[str] = None,
     config = config or Config()
     if not isinstance(graph, tf.Graph):
         raise ParallaxError(f"get_runner needs a tf.Graph, got {type(graph).__name__}")
-    resources = _default_resources(resources)
     analysis = analyze(graph)  # in the driver too, so a bad graph fails before any launch
+    query = contracts.read_plan_query()
+    if query is not None and contracts.role() == "driver":
+        return driver.answer(graph, analysis, config, query)
+    resources = _default_resources(resources)
     verify_run = contracts.read_verify_run()
     resources, config = _verifying(resources, config, verify_run)
     if contracts.role() == "driver":

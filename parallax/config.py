@@ -173,7 +173,7 @@ class PlanOptions:
 
     @property
     def decides(self) -> bool:
-        """Whether the driver measures and searches before planning (planning/search.py)."""
+        """Whether the driver measures and searches before planning (planning/planner.py)."""
         return self.run_option == "AUTO" or self.search_partitions or bool(self.split_variables)
 
 

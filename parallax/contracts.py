@@ -75,6 +75,35 @@ def read_verify_run() -> Optional[VerifyRun]:
     return VerifyRun(**json.loads(text)) if text else None
 
 
+PLAN_QUERY_ENV = "PARALLAX_PLAN_QUERY"  # PlanQuery as JSON: `python -m parallax.plan`'s run
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanQuery:
+    """What `python -m parallax.plan` asks of the script it runs: its get_runner writes what
+    each run option's plan would cost on this cluster to the file `out` (JSON) and ends the
+    script, launching nothing. With `resources`, the cluster is those machines, probed."""
+    out: str
+    machines: int = 1
+    workers_per_machine: int = 1
+    bandwidth: float = 12.5e6  # bytes/s each way between machines
+    latency: float = 200e-6  # seconds a message costs besides its bytes
+    inside_bandwidth: Optional[float] = None  # within a machine; None: not given
+    inside_latency: Optional[float] = None
+    cores: int = 0  # of each machine; 0: this machine's
+    step: Optional[float] = None  # seconds of one worker's step alone; None: measured here
+    batch: Optional[int] = None  # examples of a worker's batch; None: read from the input
+    resources: str = ""
+
+    def to_env(self) -> Dict[str, str]:
+        return {PLAN_QUERY_ENV: json.dumps(dataclasses.asdict(self))}
+
+
+def read_plan_query() -> Optional[PlanQuery]:
+    text = _environ().get(PLAN_QUERY_ENV)
+    return PlanQuery(**json.loads(text)) if text else None
+
+
 def role() -> str:
     return _environ().get(ROLE_ENV, "driver")
 

@@ -4,6 +4,8 @@ place of every variable — and launches the job with it (launch.py); it does no
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import List, NoReturn, Optional
 
 import tensorflow as tf
@@ -14,12 +16,15 @@ from parallax.config import Config, PlanOptions
 from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
-from parallax.planning.measure import Cores, Measurements, measure
+from parallax.planning.measure import Measurements, input_batch, measure
 from parallax.partitioner import partitioned_variables
 from parallax.planning.plan import (Decision, Plan, check_plan, effective_run_option,
                                     make_plan)
-from parallax.planning.search import choose
+from parallax.planning.planner import decide
+from parallax.planning.problem import Cores
+from parallax.planning.query import report
 from parallax.rewriting.split_variables import copy_and_split
+from parallax.runtime.query import QueryRunner
 from runner.settings import Settings
 
 
@@ -34,6 +39,36 @@ def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
                       cluster.collectives, contracts.plan_env([plan.to_text() for plan in plans],
                                          plans[0].decision.partitions if plans[0].decision
                                          else []))
+
+
+def answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
+           query: contracts.PlanQuery) -> QueryRunner:
+    """`python -m parallax.plan`'s question: what each run option's plan would cost on the
+    query's cluster, measured on this machine (or on the query's resources, probed), written
+    to query.out; then the script ends, having launched nothing. A graph the script feeds is
+    measured on its first steps' feeds: the script trains them with the runner returned."""
+    if query.resources:
+        measured = measure_job(graph, analysis, query.resources, config.launch_settings)
+    else:
+        inside = (cost.Links(query.inside_bandwidth, query.inside_latency or 0.0)
+                  if query.inside_bandwidth else None)
+        measured = measure(graph, analysis, [query.workers_per_machine] * query.machines,
+                           cost.Links(query.bandwidth, query.latency), inside,
+                           Cores(query.cores or os.cpu_count() or 1))
+
+    def answered(measured: Measurements, fed_batch: Optional[int] = None) -> NoReturn:
+        batch, unknown = ((query.batch or fed_batch, None) if query.batch or fed_batch
+                          else input_batch(graph))
+        written = f"{query.out}.part"
+        with open(written, "w", encoding="utf-8") as out:
+            json.dump(report(graph, analysis, measured, config.plan_options, query.step, batch,
+                             unknown, links_given=not query.resources), out, indent=1)
+        os.replace(written, query.out)
+        raise SystemExit(0)
+
+    if measured.fed:
+        return QueryRunner(graph, analysis, measured, answered)
+    answered(measured)
 
 
 def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:
@@ -76,7 +111,7 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
     cluster (options.trial_steps), if any. `settings`: how the links' probe reaches the
     hosts."""
     if options.decides:
-        decision = choose(graph, analysis, measure_job(graph, analysis, resources, settings),
+        decision = decide(graph, analysis, measure_job(graph, analysis, resources, settings),
                           options)
     else:
         check_plan(analysis, options)  # a graph it refuses fails before the resources are read

@@ -4,7 +4,7 @@ parameter server, a shard each), whose number the cost model chooses when
 
 TensorFlow calls a partitioner with the variable's shape, not its name, so the calls are told
 apart by their order in the graph, which the driver and every worker build alike: the driver
-records which variable each call made (`partitioned_variables`), the plan (planning/search.py)
+records which variable each call made (`partitioned_variables`), the plan (planning/planner.py)
 gives each call its count, and a worker's call reads its count from its environment
 (contracts.py).
 """
@@ -18,12 +18,6 @@ import tensorflow as tf
 from parallax import contracts, tf_private
 from parallax.contracts import PartitionerCall
 from parallax.errors import ParallaxError
-
-
-def shard_name(variable: str, j: int) -> str:
-    """Shard j of a variable in row shards: TensorFlow's name for a partitioned variable's,
-    which Parallax's own split (rewriting/split_variables.py) uses too."""
-    return f"{variable}/part_{j}"
 
 
 @dataclasses.dataclass

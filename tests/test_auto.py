@@ -9,10 +9,11 @@ import tensorflow as tf
 
 import parallax  # noqa: F401  (records gradients)
 from parallax import contracts
-from parallax.planning import cost, measure, search as auto
+from parallax.planning import cost, explanation, measure, proposal
 from parallax.planning.analysis import analyze
-from parallax.planning.measure import Cores
-from parallax.planning.search import Decision, decide
+from parallax.planning.plan import Decision
+from parallax.planning.planner import measure_and_decide
+from parallax.planning.problem import Cores
 from parallax.cluster import Cluster
 from parallax.config import Config, PlanOptions
 from parallax.errors import ParallaxError
@@ -48,7 +49,7 @@ def _graph(vocab, ids_per_batch, feed=False, zipf=False, device=None):
 
 def test_rows_are_measured_on_as_many_batches_as_workers():
     graph = _graph(vocab=100_000, ids_per_batch=500)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     # Nearly every id of a batch distinct: an allgather brings each machine 3 workers' 500
     # rows with ids (396 kB); one server would send 2 workers ~500 rows each (256 kB), and
     # then receive the other machine's ~1000 summed rows (264 kB); the table split in two
@@ -67,7 +68,7 @@ def test_a_table_read_as_words_are_read_is_split_over_the_servers():
     # Of 500 ids a batch ~190 distinct, ~340 in two: on one server, pulls of 97 kB, then
     # pushes of 90 kB through its link; split in two shards, half of them through each.
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     stats = decision.variable_stats()
     assert stats["table/part_0"].unique[0] < 125 and stats["table/part_1"].nbytes == 100_000 * 128
     assert decision.splits == [["table", 2]]
@@ -93,7 +94,7 @@ def test_a_table_the_user_partitioned_is_not_split_again():
             "table", [100_000, 64], partitioner=tf.compat.v1.fixed_size_partitioner(2))
         tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(
             tf.compat.v1.nn.embedding_lookup(table, ids, partition_strategy="mod")))
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.splits == []
     assert {decision.methods[f"table/part_{j}"]["server"] for j in range(2)} == {0, 1}
 
@@ -101,20 +102,20 @@ def test_a_table_the_user_partitioned_is_not_split_again():
 def test_a_split_must_be_predicted_faster_by_a_margin(monkeypatch):
     """Splitting costs what the model does not price (a partition and a stitch per lookup):
     with a margin no split can meet, the table stays whole."""
-    monkeypatch.setattr(cost, "SPLIT_MARGIN", 10.0)
+    monkeypatch.setattr(proposal, "SPLIT_MARGIN", 10.0)
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
 
 
 def test_split_variables_true_splits_without_measurements_and_false_never():
     fed = _graph(vocab=1000, ids_per_batch=0, feed=True)  # no probe: HYBRID's rule
-    decision = decide(fed, analyze(fed), TWO_BY_TWO, split_variables=True)
+    decision = measure_and_decide(fed, analyze(fed), TWO_BY_TWO, split_variables=True)
     assert decision.splits == [["table", 2]]
     assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
     assert decision.note.endswith("split over servers: table in 2 shards")
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    assert decide(graph, analyze(graph), TWO_BY_TWO, split_variables=False).splits == []
+    assert measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=False).splits == []
 
 
 def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_methods():
@@ -122,8 +123,8 @@ def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_me
     variables on servers, it keeps it so, rather than moving it to servers to split it."""
     graph = _graph(vocab=20, ids_per_batch=32)
     links = cost.Links(bandwidth=2.6e9, latency=14e-6)  # loopback, as measured here
-    chosen = decide(graph, analyze(graph), [1, 1], links)
-    split = decide(graph, analyze(graph), [1, 1], links, split_variables=True)
+    chosen = measure_and_decide(graph, analyze(graph), [1, 1], links)
+    split = measure_and_decide(graph, analyze(graph), [1, 1], links, split_variables=True)
     assert chosen.methods["table"]["how"] == split.methods["table"]["how"] == cost.ALLREDUCE
     assert split.splits == [] and "kept whole: table (not on a server: allreduce)" in split.note
 
@@ -134,10 +135,10 @@ def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
         table = [v for v in tf.compat.v1.global_variables() if v.op.name == "table"][0]
         tf.while_loop(lambda i: i < 3, lambda i: i + tf.cast(tf.reduce_sum(
             tf.nn.embedding_lookup(table, [i])) > 0, tf.int32), [0])
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
     assert "kept whole: table (While 'while' uses 'table'" in decision.note
-    split = decide(graph, analyze(graph), TWO_BY_TWO, split_variables=True)  # asked: says why not
+    split = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=True)  # asked: says why not
     assert split.splits == [] and "kept whole: table (While" in split.note
 
 
@@ -171,7 +172,7 @@ def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, 
     """As a later graph splits them (split_variables.copy_and_split): the driver keeps the
     larger table split and the other whole, saying why, where it kept both whole."""
     graph = _copied_tables(feed)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO, split_variables=split)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=split)
     assert decision.splits == [["large", 2]]
     assert {decision.methods[f"large/part_{j}"]["server"] for j in range(2)} == {0, 1}
     assert decision.methods["small"]["how"] == cost.PS
@@ -185,7 +186,7 @@ def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, 
 
 def test_a_table_every_batch_reads_whole_is_allreduced():
     graph = _graph(vocab=1000, ids_per_batch=20_000)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.variable_stats()["table"].unique == (1000,) * 4
     assert decision.methods["table"] == {"how": cost.ALLREDUCE, "server": None}
 
@@ -196,14 +197,14 @@ def test_a_graph_written_for_tensorflows_parameter_servers_is_measured():
     graph = _graph(vocab=1000, ids_per_batch=20_000,
                    device=tf.compat.v1.train.replica_device_setter(ps_tasks=2))
     assert graph.get_operation_by_name("table").device == "/job:ps/task:0"
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.variable_stats()["table"].unique == (1000,) * 4, decision.note
     assert graph.get_operation_by_name("table").device == "/job:ps/task:0"  # left as built
 
 
 def test_a_fed_graph_gets_hybrids_rule_and_says_why():
     graph = _graph(vocab=1000, ids_per_batch=0, feed=True)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note == "HYBRID's rule: the input comes through feed_dict ('Placeholder')"
 
@@ -228,7 +229,7 @@ def _queue_graph(fill_queue=True):
 
 def test_a_queue_based_input_is_read_with_its_queue_runners_started_and_stopped():
     graph = _queue_graph()
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     stats = decision.variable_stats()
     assert sum(s.rows for name, s in stats.items() if name.startswith("table")) == 64
     assert decision.compute is not None and "one worker's step alone" in decision.note
@@ -239,14 +240,14 @@ def test_a_queue_based_input_is_read_with_its_queue_runners_started_and_stopped(
 
 
 def test_milliseconds_keep_two_digits_below_ten():
-    assert [auto._ms(s) for s in (0.00043, 0.0032, 0.0123, 0.1234)] == [
+    assert [explanation.ms(s) for s in (0.00043, 0.0032, 0.0123, 0.1234)] == [
         "0.43 ms", "3.2 ms", "12 ms", "123 ms"]
 
 
 def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monkeypatch):
     monkeypatch.setattr(measure, "PROBE_RUN_SECONDS", 1)
     graph = _queue_graph(fill_queue=False)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note == ("HYBRID's rule: the probe of the input failed: a run waited more "
                              "than 1 s (for input only the workers can read?)")
@@ -260,7 +261,7 @@ def test_the_variables_the_probe_would_allocate_count_optimizer_slots():
 
 def test_a_model_larger_than_the_drivers_free_memory_is_not_probed_and_says_why():
     graph = _graph(vocab=10 ** 9, ids_per_batch=10)  # 768 GB with Adam's slots
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note.startswith(
         "HYBRID's rule: the probe would allocate the graph's variables, 768 GB, more than 50% "
@@ -286,7 +287,7 @@ def test_a_table_whose_moving_average_the_gradients_wait_for_stays_off_the_serve
     with pytest.raises(ParallaxError, match="the gradients are computed after it"):
         # in the driver, before any launch
         make_plan(analysis, PlanOptions(run_option="HYBRID"), TWO_MACHINES)
-    decision = decide(graph, analysis, TWO_BY_TWO)
+    decision = measure_and_decide(graph, analysis, TWO_BY_TWO)
     assert decision.methods["table"]["how"] != cost.PS
     make_plan(analysis, PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=decision)
 
@@ -302,14 +303,14 @@ def test_an_update_inside_tf_cond_is_not_timed_and_says_why():
         grads = optimizer.compute_gradients(tf.reduce_sum(tf.nn.embedding_lookup(table, ids)))
         tf.cond(tf.equal(step % 2, 0), lambda: tf.group(optimizer.apply_gradients(grads)),
                 tf.no_op)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is None and "compute not measured (the step could not" in decision.note
     assert decision.variable_stats()["table"].rows == 4
 
 def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     graph = _graph(vocab=100_000, ids_per_batch=500)
     within = cost.Links(bandwidth=2.5e9, latency=20e-6)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
                       within_machine=within)
     assert 0 < decision.compute < 5
     stats = decision.variable_stats()
@@ -341,7 +342,7 @@ def test_machines_on_one_kernel_share_its_cores():
     assert Cores.of([one, other], 3) == Cores(2, 1)
     assert Cores.of([dict(one, kernel=None)] * 2, 3) == Cores(4, 1)  # no kernel to tell
     graph = _graph(vocab=1000, ids_per_batch=50)
-    separate, shared = (decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
+    separate, shared = (measure_and_decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
                                cores=Cores(2, kernels)) for kernels in (1, 2))
     assert "2 sharing 2 cores" in separate.note and "machines on one kernel" not in separate.note
     assert "4 sharing 2 cores (2 machines on one kernel)" in shared.note
@@ -355,7 +356,7 @@ def test_a_step_that_cannot_run_before_the_job_is_not_timed_and_says_why():
         w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
             tf.reduce_sum(w) * tf.reduce_sum(weights))
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is None and (
         "compute not measured (the step needs 'weights' fed); predicted communication "
         in decision.note)
@@ -376,7 +377,7 @@ def test_a_step_reading_a_reinitializable_iterator_is_timed_with_the_training_on
         table = tf.compat.v1.get_variable("table", [40, 4])
         tf.compat.v1.train.AdamOptimizer().minimize(
             tf.reduce_sum(tf.nn.embedding_lookup(table, iterator.get_next())))
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is not None and "predicted step" in decision.note, decision.note
     # the training set's 8 distinct ids a batch (the evaluation set's: 1), in AUTO's two shards
     assert sum(s.rows for s in decision.variable_stats().values()) == 8
@@ -391,7 +392,7 @@ def test_a_step_with_a_fed_learning_rate_is_timed_with_it_fed():
         w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
         tf.compat.v1.train.MomentumOptimizer(rate, 0.9).minimize(
             tf.reduce_sum(w) * tf.cast(training, tf.float32))
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is not None and "predicted step" in decision.note
 
 
@@ -403,7 +404,7 @@ def test_a_step_sized_by_a_fed_integer_is_not_timed():
         w = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"][0]
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
             tf.reduce_sum(tf.random.normal([batch, 64]) @ w))
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is None
     assert "compute not measured (the step needs 'batch_size' fed)" in decision.note
 
@@ -430,7 +431,7 @@ def test_describe_says_what_hybrid_does_without_one_kind_of_variable():
 
 def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predicted_step():
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
     # The workers' analysis: of their copy, with the table split (passes/split_variables.py)
     analysis = analyze(split_variables(copy_graph(graph), dict(decision.splits)))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
@@ -454,7 +455,7 @@ def test_the_drivers_plan_reaches_the_workers_whole(monkeypatch):
     it to its own analysis and identity, and has every field the driver's had."""
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     analysis = analyze(graph)
-    decision = decide(graph, analysis, TWO_BY_TWO)
+    decision = measure_and_decide(graph, analysis, TWO_BY_TWO)
     plan = make_plan(analysis, PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=decision)
     assert isinstance(plan.decision, Decision)
     for name, value in contracts.plan_env([plan.to_text()], [[0, "table", 2]]).items():
@@ -483,7 +484,7 @@ def test_a_worker_whose_graph_is_not_the_planned_one_is_stopped():
 def test_describe_shows_a_variable_the_driver_did_not_measure_without_figures():
     """A graph built after the first get_runner has variables the decision does not know."""
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     other = _graph(vocab=1000, ids_per_batch=10)  # its table is not the decision's shards
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
     text = describe(make_plan(analyze(other), PlanOptions(run_option="AUTO"), cluster,
@@ -498,7 +499,7 @@ def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
     variable on servers (PS's rule), each with its predicted step; the workers train on the
     fastest measured (runtime/trials.py)."""
     graph = _graph(vocab=100_000, ids_per_batch=500)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     # HYBRID's is chosen
     assert [a["name"] for a in decision.alternatives] == ["AR's rule", "PS's rule"]
     allgathered = decision.alternative(0)
@@ -528,13 +529,13 @@ def test_a_rule_that_would_put_a_variable_the_gradients_wait_for_on_a_server_is_
         with tf.control_dependencies([average.assign(tf.reduce_mean(w))]):
             loss = tf.reduce_sum(w * average)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert "PS's rule" not in [a["name"] for a in decision.alternatives]
 
 
 def test_a_plan_allreducing_every_table_is_timed_against_servers():
     graph = _graph(vocab=100, ids_per_batch=500)  # every row in every batch: allreduced
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.ALLREDUCE
     assert [a["name"] for a in decision.alternatives] == [
         "AR's rule", "HYBRID's rule", "PS's rule"]
@@ -548,7 +549,7 @@ def test_a_dense_model_is_not_timed():
         w = tf.compat.v1.get_variable("w", [64, 64])
         loss = tf.reduce_sum(tf.matmul(tf.ones([8, 64]), w))
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["w"]["how"] == cost.ALLREDUCE and decision.alternatives == []
 
 
@@ -559,7 +560,7 @@ def test_a_step_drawing_random_numbers_is_not_timed_and_says_why():
         table = tf.compat.v1.global_variables()[0]
         dropped = tf.nn.dropout(tf.nn.embedding_lookup(table, [1, 2]), rate=0.5)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(dropped))
-    decision = decide(graph, analyze(graph), TWO_BY_TWO)
+    decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.alternatives == []
     assert "not timed on the cluster: its step draws random numbers" in decision.note
 

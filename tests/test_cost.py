@@ -1,16 +1,37 @@
-"""The cost model against figures worked out by hand (2 machines x 2 workers unless said)."""
+"""The cost model (the planner's rating), and the proposal's search by it, against figures worked
+out by hand (2 machines x 2 workers unless said)."""
 import dataclasses
 
 import pytest
 
 from parallax.planning import cost
+from parallax.planning import proposal
+from parallax.planning.candidates import balance_by_bytes
 from parallax.planning.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Links,
-                                    Method, Shape, VariableStats, balance_by_bytes, choose,
-                                    choose_with_allreduce_form, compute_and_pushes, link_bytes,
+                                    Method, Shape, VariableStats, compute_and_pushes, link_bytes,
                                     link_phases, machine_stages_pay, server_updates,
                                     shared_compute, step_time, waits)
+from parallax.planning.problem import Problem
 
 TWO_BY_TWO = Shape(machines=2, workers_per_machine=2)
+
+
+def _problem(stats, shape, links, summable=None, off_servers=(), machine_stages=None):
+    """The problem of these variables alone: every sparse one summable unless said."""
+    summable = [v.name for v in stats if v.sparse] if summable is None else summable
+    return Problem({v.name: v for v in stats}, shape, links=links, summable=frozenset(summable),
+                   off_servers=frozenset(off_servers), machine_stages=machine_stages)
+
+
+def search(stats, shape, links, shard_counts=None, summable=None, hows=None, off_servers=()):
+    """The proposal's search with allreduce in one ring."""
+    return proposal.search(_problem(stats, shape, links, summable, off_servers),
+                           shard_counts or {}, hows or {}, False)
+
+
+def fastest(stats, shape, links, machine_stages=None):
+    """The proposal's plan of a ring or of machine stages, and which."""
+    return proposal.fastest(_problem(stats, shape, links, machine_stages=machine_stages), {}, {})
 DENSE = VariableStats("w", nbytes=1000)
 # 10 gradient rows a worker (16 bytes of values, 8 of index each); distinct ids in the
 # batches of 1, 2, 3, 4 workers: 6, 9, 12, 14.
@@ -54,19 +75,19 @@ def test_cheaper_allreduces_in_machine_stages_can_turn_a_sparse_table_to_allredu
     dense = VariableStats("w", nbytes=1_000_000)
     table = VariableStats("t", nbytes=200_000, rows=6000, row_bytes=16, index_bytes=8,
                           unique=(3125, 6250, 9000, 12000))
-    ring, staged = choose_with_allreduce_form([dense, table], TWO_BY_TWO, Links(),
+    ring, staged = fastest([dense, table], TWO_BY_TWO, Links(),
                                               machine_stages=False)
     assert (ring["t"].how, staged) == (PS, False)
     # The ring's best is 1.75 MB (140 ms), the stages' 1.2 MB (96 ms, + 10 ms of cycles).
-    chosen, staged = choose_with_allreduce_form([dense, table], TWO_BY_TWO, Links())
+    chosen, staged = fastest([dense, table], TWO_BY_TWO, Links())
     assert (chosen["t"].how, staged) == (ALLREDUCE, True)
 
 
 def test_machine_stages_are_not_chosen_for_few_allreduced_bytes_unless_asked():
     # 100 kB: 12 ms of link in a ring, 8 ms + 10 ms of cycles in stages.
     small = [VariableStats("w", nbytes=100_000)]
-    assert choose_with_allreduce_form(small, TWO_BY_TWO, Links())[1] is False
-    assert choose_with_allreduce_form(small, TWO_BY_TWO, Links(), machine_stages=True)[1]
+    assert fastest(small, TWO_BY_TWO, Links())[1] is False
+    assert fastest(small, TWO_BY_TWO, Links(), machine_stages=True)[1]
 
 
 def test_allgather_sends_every_workers_rows_to_every_other_worker():
@@ -186,7 +207,7 @@ def test_a_sparse_gradient_that_is_nearly_dense_goes_to_allreduce():
     # send each of the other machine's two workers all 1000 rows: 512 kB.
     small_vocab = VariableStats("tags", nbytes=1000 * 256, rows=5000, row_bytes=256,
                                 unique=(1000,) * 4)
-    chosen = choose([small_vocab, DENSE], TWO_BY_TWO, Links())
+    chosen = search([small_vocab, DENSE], TWO_BY_TWO, Links())
     assert chosen == {"tags": Method(ALLREDUCE), "w": Method(ALLREDUCE)}
 
 
@@ -196,9 +217,9 @@ def test_one_large_table_is_allgathered_and_two_balance_on_two_servers():
     # and receives 3 workers x 1000 rows (792 kB). Two tables on two servers keep every link
     # direction as busy in each phase as one table does (909.6 kB; allgathers: 1584 kB).
     table = dict(nbytes=100_000 * 256, rows=1000, row_bytes=256, unique=(900, 1700, 2400, 3000))
-    assert choose([VariableStats("a", **table)], TWO_BY_TWO, Links()) == {
+    assert search([VariableStats("a", **table)], TWO_BY_TWO, Links()) == {
         "a": Method(ALLGATHER)}
-    chosen = choose([VariableStats("a", **table), VariableStats("b", **table)], TWO_BY_TWO,
+    chosen = search([VariableStats("a", **table), VariableStats("b", **table)], TWO_BY_TWO,
                     Links())
     assert {m.how for m in chosen.values()} == {PS}
     assert sorted(m.servers for m in chosen.values()) == [(0,), (1,)]
@@ -207,9 +228,9 @@ def test_one_large_table_is_allgathered_and_two_balance_on_two_servers():
 def test_shards_are_chosen_when_one_table_would_load_one_machine():
     table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
                           unique=(900, 1700, 2400, 3000))
-    assert choose([table], TWO_BY_TWO, Links(), shard_counts={"a": (1, 2)})["a"] == Method(
+    assert search([table], TWO_BY_TWO, Links(), shard_counts={"a": (1, 2)})["a"] == Method(
         PS, (0, 1))
-    assert choose([table], TWO_BY_TWO, Links(), shard_counts={"a": (4,)})["a"] == Method(
+    assert search([table], TWO_BY_TWO, Links(), shard_counts={"a": (4,)})["a"] == Method(
         PS, (0, 1, 0, 1))
 
 
@@ -219,20 +240,20 @@ def test_a_run_options_rule_restricts_the_methods_and_shards_are_still_chosen():
     dense = VariableStats("w", nbytes=4 << 20)
     table = VariableStats("a", nbytes=100_000 * 256, rows=1000, row_bytes=256,
                           unique=(900, 1700, 2400, 3000))
-    chosen = choose([dense, table], Shape(4, 1), Links(), shard_counts={"w": (1, 2, 4)},
+    chosen = search([dense, table], Shape(4, 1), Links(), shard_counts={"w": (1, 2, 4)},
                     hows={"w": PS, "a": ALLGATHER})
     assert chosen == {"w": Method(PS, (0, 1, 2, 3)), "a": Method(ALLGATHER)}
     # On 2 machines the split moves as many bytes, but on one server its machine's link sends
     # 2w in the pulls and receives 2w after, one direction at a time; split, both directions
     # carry w in each phase.
-    assert choose([dense], TWO_BY_TWO, Links(), shard_counts={"w": (1, 2)},
+    assert search([dense], TWO_BY_TWO, Links(), shard_counts={"w": (1, 2)},
                   hows={"w": PS})["w"] == Method(PS, (0, 1))
 
 
 def test_of_plans_equally_fast_the_fewest_shards():
     # On one machine nothing crosses a link: one shard or two, the step is as fast.
     table = VariableStats("a", nbytes=1000 * 256, rows=10, row_bytes=256, unique=(9, 17))
-    assert choose([DENSE, table], Shape(1, 2), Links(), shard_counts={"a": (1, 2)},
+    assert search([DENSE, table], Shape(1, 2), Links(), shard_counts={"a": (1, 2)},
                   hows={"a": PS}) == {"w": Method(ALLREDUCE), "a": Method(PS, (0,))}
 
 
@@ -240,7 +261,7 @@ def test_tables_the_links_price_alike_are_spread_over_the_servers():
     # Four equal shards of which a batch reads few rows: every server is as fast for the
     # links; they go in turn, as HYBRID's balance by bytes puts them.
     shard = dict(nbytes=25_000 * 256, rows=100, row_bytes=256, unique=(90, 170, 240, 300))
-    chosen = choose([VariableStats(f"part_{i}", **shard) for i in range(4)], TWO_BY_TWO,
+    chosen = search([VariableStats(f"part_{i}", **shard) for i in range(4)], TWO_BY_TWO,
                     Links())
     assert [chosen[f"part_{i}"].servers for i in range(4)] == [(0,), (1,), (0,), (1,)]
 
@@ -260,10 +281,10 @@ def test_of_placements_about_as_fast_auto_keeps_hybrids(monkeypatch):
     # spread), a step 0.9% faster with the two messages' 400 us: less than the margin.
     shards = [VariableStats(f"t/part_{i}", nbytes=1600, rows=10, row_bytes=16, index_bytes=8,
                             unique=(u, u + 3, u + 6, u + 8)) for i, u in enumerate((8, 5, 6, 7))]
-    chosen = choose(shards, TWO_BY_TWO, Links())
+    chosen = search(shards, TWO_BY_TWO, Links())
     assert [chosen[v.name].servers for v in shards] == [(0,), (1,), (0,), (1,)]
-    monkeypatch.setattr(cost, "PLACEMENT_MARGIN", 0.0)
-    chosen = choose(shards, TWO_BY_TWO, Links())
+    monkeypatch.setattr(proposal, "PLACEMENT_MARGIN", 0.0)
+    chosen = search(shards, TWO_BY_TWO, Links())
     assert [chosen[v.name].servers for v in shards] == [(0,), (0,), (1,), (1,)]
 
 
@@ -277,7 +298,7 @@ def test_a_placement_much_faster_than_hybrids_is_kept():
                          unique=(1000, 2000, 3000, 4000)) for name in "bc"]
     assert balance_by_bytes([(v.name, v.nbytes) for v in [large] + hot], 2) == {
         "a": 0, "b": 1, "c": 1}
-    chosen = choose([large] + hot, TWO_BY_TWO, Links())
+    chosen = search([large] + hot, TWO_BY_TWO, Links())
     assert chosen["b"].servers != chosen["c"].servers
 
 
@@ -300,7 +321,7 @@ def test_hybrids_rule_is_a_candidate_that_the_beam_may_drop():
              + [VariableStats("kernel", 65536), VariableStats("recurrent", 65536),
                 VariableStats("bias", 1024)])
     cluster, links = Shape(4, 1), Links()
-    chosen = cost.choose(stats, cluster, links)
+    chosen = search(stats, cluster, links)
     seconds = cost.step_time(chosen, {s.name: s for s in stats}, cluster, links)
     assert seconds == pytest.approx(0.0619, abs=5e-4)
     assert {m.how for name, m in chosen.items() if "/part_" in name} == {PS}

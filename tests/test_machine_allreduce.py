@@ -13,7 +13,7 @@ import parallax
 from conftest import REPO, WORKLOADS, load_workload, needs_horovod
 from parallax.planning import cost
 from parallax.planning.analysis import analyze
-from parallax.planning.search import Decision
+from parallax.planning.plan import Decision
 from parallax.cluster import Cluster
 from parallax.config import PlanOptions
 from parallax.rewriting.pipeline import transform

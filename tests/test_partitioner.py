@@ -8,7 +8,7 @@ import tensorflow as tf
 import parallax
 from parallax.planning import cost
 from parallax.planning.analysis import analyze
-from parallax.planning.search import decide
+from parallax.planning.planner import measure_and_decide
 from parallax.cluster import Cluster
 from parallax.config import PlanOptions
 from parallax.errors import ParallaxError
@@ -44,7 +44,7 @@ def test_outside_a_job_a_variable_has_min_partitions_at_most_one_a_row():
 def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it_so(
         monkeypatch):
     graph = _graph()
-    decision = decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
+    decision = measure_and_decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
     assert decision.partitions == [[0, "table", 2]]
     assert decision.methods["table/part_0"] == {"how": cost.PS, "server": 0}
     assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
@@ -71,14 +71,14 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
 
 def test_a_run_options_rule_is_kept_and_small_tables_stay_whole():
     graph = _graph(vocab=1000)
-    decision = decide(graph, analyze(graph), [2, 2], run_option="AR", search_partitions=True)
+    decision = measure_and_decide(graph, analyze(graph), [2, 2], run_option="AR", search_partitions=True)
     assert decision.methods["table/part_0"]["how"] == cost.ALLGATHER
     assert decision.partitions == [[0, "table", 1]]
 
 
 def test_a_worker_whose_graph_differs_from_the_drivers_is_stopped(monkeypatch):
     graph = _graph()
-    decision = decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
+    decision = measure_and_decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
     for name, value in contracts.plan_env([], decision.partitions).items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ParallaxError, match="call 0 made 'other' in 2 shards in this worker, "

@@ -1,3 +1,4 @@
 """Planning: what the driver decides once, before any worker starts. `analysis` reads the
-graph, `measure` probes the input, the step and the links, `search` chooses with the cost model
-(`cost`), and `plan` makes the one `Plan` value that every worker receives."""
+graph and `measure` probes the input, the step and the links; the planner (`planner`) poses
+the `problem`, whose `candidates` the `proposal` searches by their rating (`cost`), and says
+why (`explanation`); `plan` makes the one `Plan` value that every worker receives."""

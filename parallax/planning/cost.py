@@ -1,6 +1,7 @@
-"""The cost model: for each way of synchronizing a variable, the bytes every machine's link
-carries in one step, and the step time those bytes cost on links of a given latency and
-bandwidth. Pure functions of a variable's statistics and the cluster's shape: no TensorFlow.
+"""The planner's rating, the cost model: for each way of synchronizing a variable, the bytes
+every machine's link carries in one step, and the step time those bytes cost on links of a
+given latency and bandwidth. Pure functions of a variable's statistics and the cluster's
+shape: no TensorFlow.
 
 H machines of G workers each (N = H*G). A variable of w bytes; a sparse gradient has `rows`
 rows per worker and step (repeated ids counted), each `row_bytes` of values and `index_bytes`
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 class Sync(str, enum.Enum):
@@ -73,6 +74,7 @@ class VariableStats:
     # The share of a worker's compute that is this variable's update (its optimizer's ops from
     # the gradient to its and its slots' writes, traced on one worker); 0.0 when not measured.
     update: float = 0.0
+    table_rows: int = 0  # rows of a sparse variable's table (alpha = distinct(1) / table_rows)
 
     @property
     def sparse(self) -> bool:
@@ -205,25 +207,36 @@ def shared_compute(alone: float, cpu: float, workers_per_machine: int, cores: in
 def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
               links: Links, compute: float = 0.0, alone: Optional[float] = None,
               **options) -> float:
-    """Seconds per step of a whole plan: the pulls (the first phase's busiest link direction),
-    then the compute and the second phase's busiest link direction, whose pushes of dense
-    gradients to servers go as each is ready (pushed_when_ready), then the busiest server's
-    updates (server_updates; at the speed of a worker alone on its machine, `alone` seconds a
-    step, `compute` when not given), and the waits of the messages and machine stages."""
-    phases, second = _no_traffic(cluster), []
+    """Seconds per step of a whole plan: the sum of its step_terms."""
+    return sum(step_terms(choice, stats, cluster, links, compute, alone, **options).values())
+
+
+def step_terms(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
+               links: Links, compute: float = 0.0, alone: Optional[float] = None,
+               **options) -> Dict[str, float]:
+    """The seconds of a step, term by term, in their order: the pulls (the first phase's
+    busiest link direction), then the compute and what the second phase's busiest link
+    direction takes beyond it (its pushes of dense gradients to servers go as each is ready,
+    pushed_when_ready), then the busiest server's updates (server_updates; at the speed of a
+    worker alone on its machine, `alone` seconds a step, `compute` when not given), and the
+    waits of the messages and machine stages (`waits`)."""
+    phases, second = no_traffic(cluster), []
     for name, method in choice.items():
         traffic = link_phases(stats[name], method, cluster, **options)
-        phases = _added(phases, traffic)
+        phases = added(phases, traffic)
         second.append((name, method, traffic[1]))
     machine, direction = busiest_link(phases[1])
     pushes = [(stats[name].ready if pushed_when_ready(stats[name], method) else 1.0,
                traffic[machine][direction] / links.bandwidth)
               for name, method, traffic in second]
     off, held = server_updates(choice, stats, cluster)
-    return (busiest_bytes(phases[:1]) / links.bandwidth
-            + compute_and_pushes(compute, pushes, off, max(held, default=0.0) * (
-                compute if alone is None else alone))
-            + waits(choice, stats, cluster, links, options.get("hierarchical_allreduce", False)))
+    worker, link = _compute_and_link(compute, pushes, off)
+    staged = options.get("hierarchical_allreduce", False)
+    return {"pulls": busiest_bytes(phases[:1]) / links.bandwidth,
+            "compute": worker, "pushes after the compute": max(0.0, link - worker),
+            "servers' updates": max(held, default=0.0) * (compute if alone is None else alone),
+            "messages": _rounds(choice, stats, cluster) * links.latency,
+            "machine stages": MACHINE_STAGES_SECONDS if _staged(choice, staged) else 0.0}
 
 
 def server_updates(choice: Dict[str, Method], stats: Dict[str, VariableStats],
@@ -256,11 +269,17 @@ def compute_and_pushes(compute: float, pushes: Sequence[Tuple[float, float]],
     compute's end (1.0) follow it. `off`: the share of the compute that the servers' updates
     take off a worker, which ends that much sooner (its gradients are ready when they were);
     `server_seconds`: the busiest server's updates, after the pushes (server_updates)."""
+    return max(_compute_and_link(compute, pushes, off)) + server_seconds
+
+
+def _compute_and_link(compute: float, pushes: Sequence[Tuple[float, float]], off: float
+                      ) -> Tuple[float, float]:
+    """(when a worker's compute ends, when the link's last push ends): compute_and_pushes."""
     worker = compute * (1 - off)
     link = 0.0
     for ready, seconds in sorted(pushes):
         link = max(link, min(ready * compute, worker)) + seconds
-    return max(worker, link) + server_seconds
+    return worker, link
 
 
 def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
@@ -268,39 +287,24 @@ def waits(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: S
     """Seconds of a step's communication that are not its bytes: a latency for each message
     in sequence on the busiest link, and, with allreduces in machine stages, the two more
     cycles of Horovod's background thread they wait for."""
-    rounds = max((messages(stats[name], method, cluster) for name, method in choice.items()),
-                 default=0)
-    staged = hierarchical_allreduce and any(m.how == ALLREDUCE for m in choice.values())
-    return rounds * links.latency + (MACHINE_STAGES_SECONDS if staged else 0.0)
+    return (_rounds(choice, stats, cluster) * links.latency
+            + (MACHINE_STAGES_SECONDS if _staged(choice, hierarchical_allreduce) else 0.0))
 
 
-def choose_with_allreduce_form(stats: Sequence[VariableStats], cluster: Shape, links: Links,
-                               machine_stages: Optional[bool] = None,
-                               shard_counts: Optional[Dict[str, Sequence[int]]] = None,
-                               summable: Optional[Collection[str]] = None,
-                               hows: Optional[Dict[str, str]] = None,
-                               off_servers: Collection[str] = (), **options
-                               ) -> Tuple[Dict[str, Method], bool]:
-    """`choose`, and whether allreduces go in machine stages: as `machine_stages` says when
-    True or False; when None, the plan predicted faster of the best plan with a ring and the
-    best with stages (cheaper allreduces may turn a sparse variable to allreduce)."""
-    by_name = {var.name: var for var in stats}
-    fastest = None
-    for staged in ((False, True) if machine_stages is None else (machine_stages,)):
-        choice = choose(stats, cluster, links, shard_counts, summable, hows, off_servers,
-                        hierarchical_allreduce=staged, **options)
-        seconds = step_time(choice, by_name, cluster, links, hierarchical_allreduce=staged,
-                            **options)
-        if fastest is None or seconds < fastest[0]:
-            fastest = (seconds, choice, staged)
-    return fastest[1], fastest[2]
+def _rounds(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape) -> int:
+    return max((messages(stats[name], method, cluster) for name, method in choice.items()),
+               default=0)
 
 
-def _no_traffic(cluster: Shape) -> Tuple[Traffic, Traffic]:
+def _staged(choice: Dict[str, Method], hierarchical_allreduce: bool) -> bool:
+    return hierarchical_allreduce and any(m.how == ALLREDUCE for m in choice.values())
+
+
+def no_traffic(cluster: Shape) -> Tuple[Traffic, Traffic]:
     return tuple([[0.0, 0.0] for _ in range(cluster.machines)] for _ in range(2))
 
 
-def _added(phases: Tuple[Traffic, Traffic], more: Tuple[Traffic, Traffic]
+def added(phases: Tuple[Traffic, Traffic], more: Tuple[Traffic, Traffic]
            ) -> Tuple[Traffic, Traffic]:
     return tuple([[a[0] + b[0], a[1] + b[1]] for a, b in zip(phase, add)]
                  for phase, add in zip(phases, more))
@@ -317,133 +321,5 @@ def busiest_bytes(phases: Sequence[Traffic]) -> float:
     return sum(max((max(link) for link in phase), default=0.0) for phase in phases)
 
 
-def _communication(phases: Tuple[Traffic, Traffic], rounds: int, links: Links) -> float:
+def communication(phases: Tuple[Traffic, Traffic], rounds: int, links: Links) -> float:
     return busiest_bytes(phases) / links.bandwidth + rounds * links.latency
-
-
-def balance_by_bytes(sizes: Sequence[Tuple[str, int]], servers: int,
-                     held: Optional[Sequence[float]] = None) -> Dict[str, int]:
-    """HYBRID's rule of placement for variables of (name, bytes) on `servers` servers that
-    already hold `held` bytes (none): largest first onto the server holding the fewest bytes
-    so far (of equals, the first), which balances the bytes each server moves; equal shards
-    of a table with nothing else between them alternate."""
-    load = list(held) if held is not None else [0] * max(servers, 1)
-    placed = {}
-    for name, nbytes in sorted(sizes, key=lambda item: -item[1]):
-        placed[name] = load.index(min(load))
-        load[placed[name]] += nbytes
-    return placed
-
-
-def _with_balanced_servers(choice: Dict[str, Method], stats: Dict[str, VariableStats],
-                          cluster: Shape) -> Dict[str, Method]:
-    """`choice` with its variables on one server each placed by HYBRID's rule
-    (balance_by_bytes), beside the shards of those split over several servers."""
-    single = [name for name, method in choice.items()
-              if method.how == PS and len(method.servers) == 1]
-    held = [0.0] * cluster.machines
-    for name, method in choice.items():
-        if method.how == PS and len(method.servers) > 1:
-            for server in method.servers:
-                held[server] += stats[name].nbytes / len(method.servers)
-    servers = balance_by_bytes([(name, stats[name].nbytes) for name in single],
-                               cluster.machines, held)
-    return {**choice, **{name: Method(PS, (servers[name],)) for name in single}}
-
-
-BEAM = 16  # partial plans kept while choosing
-# A variable the workers split (rewriting/split_variables.py) costs, per lookup, a partition of
-# the ids and a stitch of the rows, and per step a message and an update per shard, which the
-# model does not price: a plan that splits must be predicted this much faster.
-SPLIT_MARGIN = 0.05
-# The model does not see when in the step each sparse gradient is ready: a table's shards over
-# the servers keep both directions of a link busy as its rows are pushed, which HYBRID's
-# placement does (measured on nmt: benchmarks/HISTORY.md).
-PLACEMENT_MARGIN = 0.05
-
-
-def choose(stats: Sequence[VariableStats], cluster: Shape, links: Links,
-           shard_counts: Optional[Dict[str, Sequence[int]]] = None,
-           summable: Optional[Collection[str]] = None,
-           hows: Optional[Dict[str, str]] = None, off_servers: Collection[str] = (),
-           **options) -> Dict[str, Method]:
-    """Per variable a method, for the least predicted step time of the whole plan: allreduce
-    for a dense gradient; for a sparse one allreduce (as dense), allgather, or parameter
-    servers (in as many row shards as `shard_counts` allows it, 1 when not given); as dense
-    only those in `summable` (all when None), whose rows may be summed by id; only
-    `hows[name]` where given (a run option's rule); no server for those in `off_servers`.
-
-    A beam search: variables are decided one at a time, dense ones first (their allreduce, and
-    its latency, is then paid for), then sparse ones, largest first, keeping the BEAM partial
-    plans of least predicted time. A variable's best method depends on the others' (two tables
-    balance on two servers where either alone would rather be allgathered), so the greedy
-    choice of one would miss them. Of plans equally fast: the fewest shards, then the servers
-    holding the most even bytes. Then HYBRID's rule of placement for the variables on one
-    server each (balance_by_bytes) replaces the plan's, unless its communication is predicted
-    more than PLACEMENT_MARGIN slower."""
-    # A partial plan: (its methods, their traffic, the longest chain of messages, the bytes
-    # each machine serves).
-    beam = [((), _no_traffic(cluster), 0, (0.0,) * cluster.machines)]
-    for var in sorted(stats, key=lambda v: (v.sparse, -v.nbytes)):
-        extended = []
-        for method in _candidates(var, cluster, shard_counts, summable, hows, off_servers):
-            traffic = link_phases(var, method, cluster, **options)
-            chain = messages(var, method, cluster)
-            for choice, phases, rounds, held in beam:
-                serving = list(held)
-                for server in method.servers:
-                    serving[server] += var.nbytes / len(method.servers)
-                extended.append((choice + ((var.name, method),), _added(phases, traffic),
-                                 max(rounds, chain), tuple(serving)))
-        extended.sort(key=lambda plan: (
-            round(_communication(plan[1], plan[2], links) * 1e9),  # ns: sums in any order
-            sum(len(method.servers) for _, method in plan[0]), max(plan[3]),
-            [method.servers for _, method in plan[0]]))
-        beam = extended[:BEAM]
-    best = dict(beam[0][0])
-    by_name = {var.name: var for var in stats}
-    # The beam keeps partial plans that look fast alone: it can drop the tables that balance
-    # only together (4 shards on 4 servers, each alone predicted slower than an allgather).
-    rule = _with_balanced_servers(_rule_plan(stats, cluster, shard_counts, hows, off_servers),
-                                  by_name, cluster)
-    if (step_time(rule, by_name, cluster, links, **options)
-            < step_time(best, by_name, cluster, links, **options)):
-        best = rule
-    balanced = _with_balanced_servers(best, by_name, cluster)
-    if (step_time(balanced, by_name, cluster, links, **options)
-            <= (1 + PLACEMENT_MARGIN) * step_time(best, by_name, cluster, links, **options)):
-        return balanced
-    return best
-
-
-def _rule_plan(stats: Sequence[VariableStats], cluster: Shape,
-               shard_counts: Optional[Dict[str, Sequence[int]]],
-               hows: Optional[Dict[str, str]], off_servers: Collection[str]
-               ) -> Dict[str, Method]:
-    """HYBRID's rule as a plan: dense variables allreduced, sparse ones on servers (in their
-    fewest shards; allgathered where no server may hold them), `hows` where given."""
-    plan = {}
-    for var in stats:
-        how = (hows or {}).get(var.name) or (
-            ALLREDUCE if not var.sparse else ALLGATHER if var.name in off_servers else PS)
-        shards = min((shard_counts or {}).get(var.name, (1,))) if how == PS else 0
-        plan[var.name] = Method(how, tuple(j % cluster.machines for j in range(shards)))
-    return plan
-
-
-def _candidates(var: VariableStats, cluster: Shape,
-                shard_counts: Optional[Dict[str, Sequence[int]]],
-                summable: Optional[Collection[str]],
-                hows: Optional[Dict[str, str]], off_servers: Collection[str]) -> List[Method]:
-    candidates = []
-    if not var.sparse or summable is None or var.name in summable:
-        candidates.append(Method(ALLREDUCE))
-    if var.sparse:
-        candidates.append(Method(ALLGATHER))
-    if (var.sparse and var.name not in off_servers) or (hows or {}).get(var.name) == PS:
-        for k in (shard_counts or {}).get(var.name, (1,)):
-            candidates += [Method(PS, tuple((first + i) % cluster.machines for i in range(k)))
-                           for first in range(cluster.machines)]
-    if hows and var.name in hows:
-        candidates = [m for m in candidates if m.how == hows[var.name]]
-    return candidates

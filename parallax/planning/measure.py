@@ -16,34 +16,19 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import psutil
 import tensorflow as tf
 
 from parallax.planning import cost
+from parallax.planning.problem import Cores
 from parallax.planning.analysis import GraphAnalysis, gradient_sources, update_ops_by_variable
 from parallax.planning.traces import profiler_log_dropped, step_shares
-from parallax.vocabulary import VARIABLE_OP_TYPES, is_setting, start_queue_runners, upstream_ops
+from parallax.vocabulary import (ITERATOR_GET_NEXT_OPS, VARIABLE_OP_TYPES, is_setting,
+                                 start_queue_runners, upstream_ops)
 from parallax.graph_copy import copy_graph
-
-
-@dataclasses.dataclass(frozen=True)
-class Cores:
-    """What the workers of a machine compute on, as the link probe found the first two
-    machines: the cores a process may run on, and how many machines run on one kernel
-    (network namespaces or containers of one host), sharing its cores."""
-    per_machine: int
-    machines_per_kernel: int = 1
-
-    @classmethod
-    def of(cls, machines: List[dict], job_machines: int) -> "Cores":
-        """From the link probe's records of two machines (runner.link_probe.machine): when
-        they run on one kernel, so do all `job_machines` of the job, taken to be alike."""
-        kernels = {m.get("kernel") for m in machines}
-        shared = len(machines) > 1 and len(kernels) == 1 and None not in kernels
-        return cls(min(int(m["cores"]) for m in machines), job_machines if shared else 1)
 
 
 @dataclasses.dataclass
@@ -57,6 +42,7 @@ class Measurements:
     timing: Optional["Timing"] = None  # one worker's step alone
     problem: Optional[str] = None  # why the statistics were not measured
     compute_problem: Optional[str] = None  # why the step was not timed
+    fed: bool = False  # the problem: the input comes from the script's feed_dict
 
     @property
     def shape(self) -> cost.Shape:
@@ -78,18 +64,27 @@ def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[
         return measured
     try:
         with _probe_session(copy_graph(graph)) as session:
-            stats, measured.problem = measure_rows(session, analysis, measured.shape.workers)
-            if not measured.problem:
-                measured.timing, measured.compute_problem = measure_compute(session, analysis)
-                if measured.timing:
-                    timed = measured.timing
-                    stats = {name: dataclasses.replace(
-                        var, ready=timed.ready.get(name, 1.0), update=timed.update.get(name, 0.0))
-                        for name, var in stats.items()}
-            measured.stats = stats
+            measure_in(session, analysis, measured)
     except tf.errors.OpError as error:  # in the initializers
         measured.problem = _probe_failure(error, "the graph could not be initialized")
     return measured
+
+
+def measure_in(session: tf.compat.v1.Session, analysis: GraphAnalysis,
+               measured: Measurements, feeds: Sequence[dict] = ()) -> None:
+    """The rows and the step, measured in a probe session into `measured`; `feeds`: the
+    feed_dicts of the script's own first steps, for a graph fed through feed_dict."""
+    stats, measured.problem = measure_rows(session, analysis, measured.shape.workers, feeds)
+    if not measured.problem:
+        measured.timing, measured.compute_problem = measure_compute(
+            session, analysis, feed=feeds[0] if feeds else None)
+        if measured.timing:
+            timed = measured.timing
+            stats = {name: dataclasses.replace(
+                var, ready=timed.ready.get(name, 1.0), update=timed.update.get(name, 0.0))
+                for name, var in stats.items()}
+    measured.stats = stats
+    measured.fed = bool(measured.problem and measured.problem.startswith(FED))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,21 +96,24 @@ class Timing:
     update: Dict[str, float]  # per variable, cost.VariableStats.update
 
 
-def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, steps: int = 3
-                    ) -> Tuple[Optional[Timing], Optional[str]]:
+def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, steps: int = 3,
+                    feed: Optional[dict] = None) -> Tuple[Optional[Timing], Optional[str]]:
     """One training step on one worker's batch alone (every update the graph makes from its
     gradients), run after one warm-up step: the medians of `steps` of its wall and CPU time,
     and when each gradient is ready and each variable's update's share, from one more, traced
     (profile.step_shares). Or why it cannot."""
     writes = list(dict.fromkeys(analysis.training_writes))
-    fed = _fed_placeholders(session.graph, writes)
+    given = {_name(key) for key in feed or {}}
+    fed = [op for op in _fed_placeholders(session.graph, writes)
+           if op.outputs[0].name not in given]
     # A rate's value (a float setting) or is_training's does not change how much a step
     # computes: 1 (True: training) times it. An integer one may size the batch.
     data = [op.name for op in fed if not is_setting(op)
             or not (op.outputs[0].dtype.is_floating or op.outputs[0].dtype == tf.bool)]
     if data:
         return None, f"the step needs {data[0]!r} fed"
-    settings = {op.outputs[0]: np.ones((), op.outputs[0].dtype.as_numpy_dtype) for op in fed}
+    settings = {**(feed or {}), **{op.outputs[0]: np.ones((), op.outputs[0].dtype.as_numpy_dtype)
+                                   for op in fed}}
     seconds, cpu_seconds = [], []
     metadata = tf.compat.v1.RunMetadata()
     try:
@@ -136,19 +134,22 @@ def measure_compute(session: tf.compat.v1.Session, analysis: GraphAnalysis, step
                   update), None
 
 
-def measure_rows(session: tf.compat.v1.Session, analysis: GraphAnalysis,
-            batches: int) -> Tuple[Dict[str, cost.VariableStats], Optional[str]]:
+def measure_rows(session: tf.compat.v1.Session, analysis: GraphAnalysis, batches: int,
+                 feeds: Sequence[dict] = ()) -> Tuple[Dict[str, cost.VariableStats],
+                                                      Optional[str]]:
     """Each variable's statistics; for a sparse one the ids its gradients carry in `batches`
-    consecutive batches (as many as the job's workers take in one step). Or why it cannot."""
+    consecutive batches (as many as the job's workers take in one step; with `feeds`, those
+    fed, in turn). Or why it cannot."""
     sparse = {v.name: [session.graph.get_tensor_by_name(r.indices) for r in v.gradients
                        if r.is_sparse] for v in analysis.sparse}
     ids: Dict[str, List[np.ndarray]] = {name: [] for name in sparse}
     fed = _fed_placeholders(session.graph, [t.op.name for ts in sparse.values() for t in ts])
-    if fed:
-        return {}, f"the input comes through feed_dict ({fed[0].name!r})"
+    if fed and not feeds:
+        return {}, f"{FED} ({fed[0].name!r})"
     try:
-        for _ in range(batches if sparse else 0):
-            for name, values in session.run(sparse).items():
+        for batch in range(batches if sparse else 0):
+            feed = feeds[batch % len(feeds)] if feeds else None
+            for name, values in session.run(sparse, feed).items():
                 ids[name].append(np.concatenate([v.ravel() for v in values]))
     except tf.errors.InvalidArgumentError as error:
         return {}, f"the input could not be read before the job ({error_reason(error.message)})"
@@ -168,8 +169,16 @@ def measure_rows(session: tf.compat.v1.Session, analysis: GraphAnalysis,
         stats[info.name] = cost.VariableStats(
             info.name, info.nbytes, rows=int(np.mean([len(b) for b in batches_ids])),
             row_bytes=row_bytes, index_bytes=sparse[info.name][0].dtype.size,
-            unique=tuple(unique))
+            unique=tuple(unique), table_rows=info.shape[0])
     return stats, None
+
+
+FED = "the input comes through feed_dict"  # Measurements.problem of a graph fed by the script
+
+
+def _name(key) -> str:
+    """A feed_dict's key as the name of the tensor it feeds."""
+    return key if isinstance(key, str) else key.name
 
 
 # The probe allocates every variable of the graph in the driver; a model larger than this share
@@ -231,6 +240,17 @@ def _iterator_initializers(graph: tf.Graph) -> List[tf.Operation]:
     return list(first.values())
 
 
+def fed_inputs(graph: tf.Graph, analysis: GraphAnalysis) -> List[str]:
+    """The tensors a training step needs fed (by the script's feed_dict), by name."""
+    writes = list(dict.fromkeys(analysis.training_writes))
+    return [op.outputs[0].name for op in _fed_placeholders(graph, writes) if not is_setting(op)]
+
+
+def probe_session(graph: tf.Graph):
+    """A session of `graph` itself, as the probe starts it (_probe_session)."""
+    return _probe_session(graph)
+
+
 def _fed_placeholders(graph: tf.Graph, op_names: List[str]) -> List[tf.Operation]:
     """The placeholders without a default that the ops named wait for (by data or control):
     what only the user's feed_dict gives, which a probe run would fail without (and
@@ -257,3 +277,24 @@ def error_reason(message: str) -> str:
     said = [line for line in lines if not line[0].isspace() and not line.startswith((
         "Graph execution error", "Detected at node", "Node:"))]
     return (said or lines or [message])[0]
+
+
+def input_batch(graph: tf.Graph) -> Tuple[Optional[int], Optional[str]]:
+    """The examples of one batch of the graph's input: the first dimension of the first
+    tensor its tf.data iterator gives (read in a probe session where the graph does not
+    say); or why it cannot be told."""
+    nexts = [op for op in graph.get_operations() if op.type in ITERATOR_GET_NEXT_OPS]
+    if not nexts:
+        return None, "the graph reads no tf.data iterator"
+    first = nexts[0].outputs[0]
+    if first.shape.rank and first.shape[0] is not None:
+        return int(first.shape[0]), None
+    copied = copy_graph(graph)
+    try:
+        with _probe_session(copied) as session:
+            value = session.run(copied.get_tensor_by_name(first.name))
+    except tf.errors.OpError as error:
+        return None, _probe_failure(error, "the input could not be read")
+    if not np.ndim(value):
+        return None, f"{first.name!r} is a scalar"
+    return int(np.shape(value)[0]), None

@@ -14,6 +14,7 @@ from parallax.cluster import Cluster
 from parallax.config import PlanOptions, PSConfig
 from parallax.errors import ParallaxError
 from parallax.planning import cost
+from parallax.planning.candidates import balance_by_bytes, rule
 from parallax.planning.cost import Sync
 from parallax.planning.analysis import GraphAnalysis, VariableInfo
 from parallax.vocabulary import CONDITIONAL_OPS
@@ -221,7 +222,7 @@ def _methods(analysis: GraphAnalysis, options: PlanOptions, decision: Optional[D
         if decision is not None:
             sync, server = _chosen(info, decision, options.run_option)
         else:
-            sync, server = rule(run_option, info), None
+            sync, server = rule(run_option, info.is_sparse), None
         variables[info.name] = VariablePlan(info, sync, average, server)
     return run_option, variables
 
@@ -271,20 +272,13 @@ def cost_shape(cluster: Cluster) -> cost.Shape:
                                                   for m in range(cluster.num_machines)))
 
 
-def rule(run_option: str, info: VariableInfo) -> Sync:
-    """How a run option synchronizes a variable (AUTO: when it decided nothing, as HYBRID)."""
-    if run_option == "PS" or (run_option in ("HYBRID", "AUTO") and info.is_sparse):
-        return Sync.PS
-    return Sync.ALLGATHER if info.is_sparse else Sync.ALLREDUCE
-
-
 def _chosen(info: VariableInfo, decision: Decision,
             run_option: str = "AUTO") -> Tuple[Sync, Optional[int]]:
     """The driver's decision for a variable (its server, if it decided one); the run option's
     rule for one the driver did not see (a graph built after the first get_runner)."""
     chosen = decision.methods.get(info.name)
     if chosen is None:
-        return rule(run_option, info), None
+        return rule(run_option, info.is_sparse), None
     return Sync(chosen["how"]), chosen["server"]
 
 
@@ -360,8 +354,8 @@ def _check_no_server_writes_in_loops(analysis, server_writes) -> None:
 
 
 def _partition_by_bytes(on_servers: List[VariablePlan], num_servers: int) -> None:
-    """Largest first onto the least-loaded server (cost.balance_by_bytes)."""
-    servers = cost.balance_by_bytes([(p.variable.name, p.variable.nbytes) for p in on_servers],
+    """Largest first onto the least-loaded server (candidates.balance_by_bytes)."""
+    servers = balance_by_bytes([(p.variable.name, p.variable.nbytes) for p in on_servers],
                                     num_servers)
     for var_plan in on_servers:
         var_plan.server = servers[var_plan.variable.name]

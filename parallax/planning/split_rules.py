@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from parallax import contracts, tf_private
-from parallax.partitioner import shard_name
+from parallax.planning.problem import shard_name
 from parallax.vocabulary import FUNCTION_CALL_OPS
 
 # Elementwise ops: computed per shard when every operand not split broadcasts over the rows.

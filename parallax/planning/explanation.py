@@ -1,0 +1,81 @@
+"""The planner's explanation: what a proposal rests on, in words — the cluster and links it
+assumed, the measured terms, the shards and splits, the predicted step and, for each rule's
+plan, its predicted step and the margin to the proposal's. `runner.describe()` prints it as
+the plan's AUTO line; `python -m parallax.plan` prints it for each run option."""
+from __future__ import annotations
+
+from typing import Dict
+
+from parallax.planning import cost
+from parallax.planning.candidates import rule_name
+from parallax.planning.problem import Problem
+from parallax.planning.proposal import Proposal, unsure
+
+
+def note(problem: Problem, proposal: Proposal) -> str:
+    """How `proposal` was made for `problem`, in one line of '; '-separated parts."""
+    if problem.unmeasured:
+        return f"{rule_name(problem.run_option)}: {problem.unmeasured}" + _splits(proposal)
+    shape, links, inside = problem.shape, problem.links, problem.inside
+    text = (f"cost model: {shape.machines} machines x {shape.workers_per_machine} workers, "
+            f"links {'measured' if problem.links_measured else 'assumed'}: "
+            f"{rate(links.bandwidth)}, {links.latency * 1e6:.3g} us")
+    if inside:
+        text += (f" (within a machine {rate(inside.bandwidth)}, "
+                 f"{inside.latency * 1e6:.3g} us, not priced)")
+    if proposal.partitions:
+        text += "; partitions: " + ", ".join(f"{name} in {count}"
+                                             for _, name, count in proposal.partitions)
+    text += _splits(proposal)
+    if problem.compute:
+        cores = problem.cores
+        text += (f"; one worker's step alone {ms(problem.compute.alone)} "
+                 f"({ms(problem.compute.cpu)} of CPU), {problem.sharing} sharing "
+                 f"{cores.per_machine} cores"
+                 + (f" ({cores.machines_per_kernel} machines on one kernel)"
+                    if cores.machines_per_kernel > 1 else "")
+                 + f" {ms(problem.worker_compute)}")
+        off, held = cost.server_updates(proposal.methods, proposal.stats, shape)
+        if off:
+            text += (f", of which the servers' updates take {off:.0%} (the busiest "
+                     f"server {max(held):.0%})")
+        text += f"; predicted step {ms(proposal.step)}"
+    else:
+        text += (f"; compute not measured ({problem.compute_problem})"
+                 f"; predicted communication {ms(proposal.step)} a step")
+    if problem.untimed and unsure(problem, proposal):
+        text += f"; not timed on the cluster: {problem.untimed}"
+    return text
+
+
+def alternatives(proposal: Proposal) -> Dict[str, str]:
+    """Each rule's plan's predicted step, and how much slower than the proposal's it is."""
+    return {alternative.name: f"{ms(alternative.step)} ({margin(proposal, alternative.step):+.0%})"
+            for alternative in proposal.alternatives}
+
+
+def margin(proposal: Proposal, step: float) -> float:
+    """How much longer `step` is than the proposal's predicted step, as a fraction of it."""
+    return step / proposal.step - 1 if proposal.step else 0.0
+
+
+def _splits(proposal: Proposal) -> str:
+    """The variables split over servers, and why those that cannot be split are kept whole."""
+    text = "; split over servers: " + ", ".join(
+        f"{name} in {count} shards" for name, count in proposal.splits.items()
+    ) if proposal.splits else ""
+    if proposal.whole:
+        text += "; kept whole: " + ", ".join(f"{name} ({why})"
+                                             for name, why in proposal.whole.items())
+    return text
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds to two significant digits below 10 (a small model's step is 0.4 ms)."""
+    milliseconds = 1000 * seconds
+    return f"{milliseconds:.2g} ms" if milliseconds < 10 else f"{milliseconds:.0f} ms"
+
+
+def rate(bytes_per_second: float) -> str:
+    megabits = bytes_per_second * 8 / 1e6
+    return f"{megabits / 1000:.3g} Gbit/s" if megabits >= 1000 else f"{megabits:.3g} Mbit/s"

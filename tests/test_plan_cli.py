@@ -1,0 +1,134 @@
+"""`python -m parallax.plan`: what each run option's plan would cost on a cluster that does not
+exist, from the script's graph measured on this machine (tf.data input, or the feeds of the
+script's own first steps), built by the planner's parts."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO
+import parallax
+from parallax import plan as cli
+from parallax.config import PlanOptions
+from parallax.planning import cost
+from parallax.planning.analysis import analyze
+from parallax.planning.measure import input_batch, measure
+from parallax.planning.query import report
+
+
+def _plan(*argv):
+    result = subprocess.run([sys.executable, "-m", "parallax.plan", *argv], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stdout, result.stderr
+
+
+def _check_plans(answer, workers, batch):
+    """What holds of every answer: each plan's terms sum to its step, the largest bounds it,
+    the throughput is the combined batch over the step, and AUTO gives its margin over each
+    rule's plan it would time on the cluster."""
+    plans = answer["plans"]
+    assert list(plans) == ["AR", "PS", "HYBRID", "AUTO"]
+    assert answer["batch"] == {"per_worker": batch, "combined": batch * workers}
+    for plan in plans.values():
+        assert math.isclose(sum(plan["terms_ms"].values()), plan["step_ms"], rel_tol=1e-9)
+        assert plan["bound_by"] == max(plan["terms_ms"], key=plan["terms_ms"].get)
+        assert math.isclose(plan["examples_per_second"], batch * workers / plan["step_ms"] * 1e3)
+        assert plan["busiest_link_bytes"]["sent"] > 0
+    auto = plans["AUTO"]
+    for name, rule in auto.get("rules", {}).items():
+        assert math.isclose(rule["margin"], rule["step_ms"] / auto["step_ms"] - 1)
+    assert auto["step_ms"] <= plans["AR"]["step_ms"]
+
+
+@pytest.mark.job
+def test_the_cli_answers_for_a_fed_script_and_a_tf_data_one_and_says_why_it_cannot(tmp_path):
+    # word2vec feeds its batches: the measurement reads its first 32 steps' feeds.
+    code, out, err = _plan("examples/word2vec.py", "--machines", "8", "--workers-per-machine",
+                           "4", "--link", "10gbit", "--cores", "4", "--json")
+    assert code == 0, err[-3000:]
+    answer = json.loads(out)
+    assert answer["cluster"]["machines"] == 8 and answer["cluster"]["workers_per_machine"] == 4
+    assert answer["cluster"]["link"]["bandwidth"] == 1.25e9
+    assert answer["terms"]["compute"] == "measured on this machine"
+    _check_plans(answer, 32, 64)
+    tables = {v["name"]: v for v in answer["variables"]}
+    assert {v["kind"] for v in tables.values()} == {"sparse"}
+    assert all(0 < v["alpha"] <= 1 and v["rows_per_worker"] >= 64 for v in tables.values())
+    plans = answer["plans"]
+    assert {m["how"] for m in plans["AR"]["methods"].values()} == {"allgather"}
+    for rule in ("PS", "HYBRID"):  # the rule as a job runs it: one server each, by bytes
+        assert set(plans[rule]["methods"]) == set(tables)
+        assert all(len(m["servers"]) == 1 for m in plans[rule]["methods"].values())
+    assert "AR's rule" in plans["AUTO"]["rules"]
+
+    # classifier reads tf.data; its step given as a GPU's: compute is 5 ms, the cores unshared.
+    code, out, err = _plan("examples/classifier.py", "--machines", "2",
+                           "--workers-per-machine", "2", "--link", "100mbit", "--step-ms", "5")
+    assert code == 0, err[-3000:]
+    assert "2 machines x 2 workers, links 100 Mbit/s and 200 us a message (given)" in out
+    assert "compute (given (--step-ms)): one worker's step alone 5 ms" in out
+    assert "batch: 32 examples a worker, 128 combined" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("plan "))
+    assert [line.split()[0] for line in lines[header + 1:header + 5]] == [
+        "AR", "PS", "HYBRID", "AUTO"]
+    assert "AUTO: cost model: 2 machines x 2 workers" in out
+
+    script = tmp_path / "no_runner.py"
+    script.write_text("print('trained without Parallax')\n")
+    code, _, err = _plan(str(script), "--machines", "2", "--workers-per-machine", "1",
+                         "--link", "1gbit")
+    assert code == cli.NOT_ANSWERED
+    assert "not answered: the script ended without calling parallax.get_runner" in err
+
+
+def test_the_report_of_a_tf_data_graph_prices_every_run_option_by_its_rule_or_search():
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.data.make_one_shot_iterator(parallax.shard(
+            tf.data.Dataset.from_tensor_slices(np.arange(4096) % 500).batch(64))).get_next()
+        table = tf.compat.v1.get_variable("table", [500, 32])
+        dense = tf.compat.v1.get_variable("dense", [32, 8])
+        loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(table, ids), dense))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    analysis = analyze(graph)
+    measured = measure(graph, analysis, [2] * 4, cost.Links(bandwidth=1.25e8))
+    batch, why = input_batch(graph)
+    assert (batch, why) == (64, None)
+    answer = report(graph, analysis, measured, PlanOptions(), None, batch, None,
+                    links_given=True)
+    _check_plans(answer, 8, 64)
+    plans = answer["plans"]
+    assert plans["AR"]["methods"]["table"]["how"] == "allgather"
+    assert plans["HYBRID"]["methods"]["table"]["how"] == "parameter server"
+    assert plans["PS"]["methods"]["dense"]["how"] == "parameter server"
+    assert "links assumed: 1 Gbit/s" in plans["AUTO"]["note"]
+    assert answer["cluster"]["link_measured"] is False
+
+
+def test_the_cli_refuses_what_it_cannot_ask(capsys):
+    assert cli.rate("10gbit") == cli.rate("10Gbit/s") == 1.25e9
+    assert cli.rate("1.25GB/s") == 1.25e9 and cli.rate("100Mb") == 12.5e6
+    for wrong in (["examples/word2vec.py", "--machines", "2"],
+                  ["examples/word2vec.py", "--machines", "2", "--workers-per-machine", "1",
+                   "--link", "fast"],
+                  ["no-such-script.py", "--resources", "localhost"],
+                  ["examples/word2vec.py", "--machines", "0", "--workers-per-machine", "1",
+                   "--link", "1gbit"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.parse(wrong)
+        assert exit_.value.code == 2
+    said = capsys.readouterr().err
+    assert "give the cluster: --machines, --workers-per-machine and --link" in said
+    assert "'fast' is not a rate" in said
+    assert "SCRIPT 'no-such-script.py' is not a file" in said
+    assert "must be at least 1, got 0" in said
+    options, script, arguments = cli.parse(
+        ["examples/word2vec.py", "localhost", "--machines", "8", "--workers-per-machine", "4",
+         "--link", "100mbit", "--", "--json"])
+    assert (script, arguments, options.json) == ("examples/word2vec.py", ["localhost", "--json"],
+                                                 False)
