@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import List, Optional, Sequence, Tuple
 
-from parallax import contracts
+from parallax import contracts, script_command
 
 NOT_ANSWERED = 2
 _RATE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|b)(?:/?s|ps)?\s*$", re.I)
@@ -147,43 +147,27 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, str, List[str]]:
               "--link RATE | --resources R) [--inside-link RATE] [--latency-us L] [--cores C] "
               "[--step-ms T] [--batch B] [--json] [-- SCRIPT_ARGS]",
         description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--machines", type=_positive)
-    parser.add_argument("--workers-per-machine", type=_positive)
+    parser.add_argument("--machines", type=script_command.positive)
+    parser.add_argument("--workers-per-machine", type=script_command.positive)
     parser.add_argument("--link", type=rate, help="each way between machines: 10gbit, 100mbit")
     parser.add_argument("--inside-link", type=rate, help="between workers of one machine")
     parser.add_argument("--latency-us", type=float, default=200.0,
                         help="microseconds a message costs besides its bytes (200)")
-    parser.add_argument("--cores", type=_positive, help="of each machine (this machine's)")
+    parser.add_argument("--cores", type=script_command.positive, help="of each machine (this machine's)")
     parser.add_argument("--step-ms", type=float,
                         help="one worker's step alone, on its own device (measured here)")
-    parser.add_argument("--batch", type=_positive,
+    parser.add_argument("--batch", type=script_command.positive,
                         help="examples of one worker's batch (read from the input)")
     parser.add_argument("--resources", help="plan for these machines, their links probed")
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
-    argv = list(argv)
-    rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    options, others = parser.parse_known_args(argv)
-    if not others:
-        parser.error("no SCRIPT given")
-    if others[0].startswith("-"):
-        parser.error(f"unknown option {others[0]} before SCRIPT")
-    if not os.path.isfile(others[0]):
-        parser.error(f"SCRIPT {others[0]!r} is not a file")
+    options, script, arguments = script_command.parse(parser, argv)
     if not options.resources and None in (options.machines, options.workers_per_machine,
                                           options.link):
         parser.error("give the cluster: --machines, --workers-per-machine and --link, "
                      "or --resources")
     if options.step_ms is not None and options.step_ms <= 0:
         parser.error(f"--step-ms must be more than 0, got {options.step_ms}")
-    return options, others[0], others[1:] + rest
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return options, script, arguments
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

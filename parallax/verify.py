@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from parallax import contracts
+from parallax import contracts, script_command
 from parallax.runtime import recording
 
 PASSED, FAILED, NOT_COMPARED = 0, 1, 2
@@ -166,29 +166,12 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, str, List[str]]:
               "[--atol A] [--rtol R] [--out DIR] [-- SCRIPT_ARGS]",
         description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--resources", required=True, help="the distributed run's resources")
-    parser.add_argument("--steps", type=_positive, required=True,
+    parser.add_argument("--steps", type=script_command.positive, required=True,
                         help="training steps to compare")
     parser.add_argument("--atol", type=float, default=ATOL)
     parser.add_argument("--rtol", type=float, default=RTOL)
     parser.add_argument("--out", help="keep the runs' record in this folder")
-    argv = list(argv)
-    rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    options, others = parser.parse_known_args(argv)
-    if not others:
-        parser.error("no SCRIPT given")
-    if others[0].startswith("-"):
-        parser.error(f"unknown option {others[0]} before SCRIPT")
-    if not os.path.isfile(others[0]):
-        parser.error(f"SCRIPT {others[0]!r} is not a file")
-    return options, others[0], others[1:] + rest
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return script_command.parse(parser, argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
