@@ -113,15 +113,13 @@ class PlanOptions:
         step. Needs parameter servers (PS, HYBRID).
     trial_steps: under AUTO, when the cost model chooses parameter servers or the graph has
         sparse variables, the job first trains this many steps with each plan it times (the
-        run options' rules where they differ from its choice, then the cost model's choice),
-        the first half of each untimed, and keeps the plan whose steps were fastest on the
+        run options' rules where they differ from its choice, then the cost model's choice):
+        a third of them untimed, each plan in turn, then the rest in three turns of each, in
+        alternation (runtime/trials.py), and keeps the plan whose steps were fastest on the
         cluster. They are real training steps: each plan goes on from the last one's variables
         and input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a new
         session would start those over.
-    trial_retime_within: where the second fastest trial is within this fraction of the
-        fastest, those two are timed again in the reverse order (a drift of the machine weighs
-        on both alike) and each counts the mean of its two rounds; 0 times every plan once.
     collectives: the library of the allreduce, allgather and broadcast among the workers:
         'horovod' (Horovod's gloo on CPU; it builds against TensorFlow 2.18 and older) or
         'tensorflow' (TensorFlow's own collective ops, over a gRPC server on each worker).
@@ -138,7 +136,6 @@ class PlanOptions:
     search_partitions: bool = False
     sync: bool = True
     trial_steps: int = 30
-    trial_retime_within: float = 0.15
     collectives: Optional[str] = None
 
     def __post_init__(self):
@@ -162,12 +159,8 @@ class PlanOptions:
                 + ": use run_option='HYBRID' or 'PS', or train synchronously")
         if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
                 0 < self.trial_steps < 3):
-            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (the first half to "
-                             f"warm up, then timed ones), got {self.trial_steps!r}")
-        if not isinstance(self.trial_retime_within, (int, float)) or not (
-                self.trial_retime_within >= 0):
-            raise ValueError(f"trial_retime_within must be a fraction >= 0 (0: time every plan "
-                             f"once), got {self.trial_retime_within!r}")
+            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (a third to "
+                             f"warm up, then three timed turns), got {self.trial_steps!r}")
         if not isinstance(self.ps_config, PSConfig):
             raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
 
@@ -212,7 +205,7 @@ class Config:
     """How a job is distributed and run: the user's one object. Its keywords are those of the
     parts each stage receives, documented there: PlanOptions (run_option, average_dense,
     average_sparse, ps_config, hierarchical_allreduce, split_variables, sync_batch_norm,
-    search_partitions, sync, trial_steps, trial_retime_within, collectives), RuntimeOptions
+    search_partitions, sync, trial_steps, collectives), RuntimeOptions
     (sess_config, ckpt_config, profile_config, export_graph_path, warn_unsharded_input) and
     runner.settings.Settings (ssh, base_port, redirect_path, heartbeat_timeout_secs,
     stall_timeout_secs, max_restarts, metrics_file, progress_bar). A restarted job
@@ -240,7 +233,6 @@ class Config:
     export_graph_path: Optional[str] = None
     sync: bool = True
     trial_steps: int = 30
-    trial_retime_within: float = 0.15
     warn_unsharded_input: bool = True
     collectives: Optional[str] = None
 

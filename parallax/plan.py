@@ -99,9 +99,11 @@ def text(answer: dict, script: str) -> str:
     auto = plans["AUTO"]
     lines += ["", f"AUTO: {auto['note']}"]
     if auto.get("rules"):
-        lines.append("AUTO's margin over the rules' plans (it times them on the cluster): "
-                     + ", ".join(f"{name} {rule['step_ms']:.3g} ms ({rule['margin']:+.0%})"
-                                 for name, rule in auto["rules"].items()))
+        lines.append("the rules' plans AUTO weighs against its own (timed on the cluster "
+                     "unless predicted slower by more than the model errs): " + ", ".join(
+                         f"{name} {rule['step_ms']:.3g} ms ({rule['margin']:+.0%}"
+                         f"{'' if rule['timed'] else ', not timed'})"
+                         for name, rule in auto["rules"].items()))
     return "\n".join(lines)
 
 

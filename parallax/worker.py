@@ -199,7 +199,7 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
                              process.leave_if_unused, join)
     return trials.TrialRunner(candidates, options.trial_steps,
                               process.collectives.chief_vector("parallax_trials"), kept,
-                              build_seconds, quiet, retime_within=options.trial_retime_within)
+                              build_seconds, quiet)
 
 
 def _announce_exit(heartbeat) -> None:

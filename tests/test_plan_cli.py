@@ -63,7 +63,10 @@ def test_the_cli_answers_for_a_fed_script_and_a_tf_data_one_and_says_why_it_cann
     for rule in ("PS", "HYBRID"):  # the rule as a job runs it: one server each, by bytes
         assert set(plans[rule]["methods"]) == set(tables)
         assert all(len(m["servers"]) == 1 for m in plans[rule]["methods"].values())
-    assert "AR's rule" in plans["AUTO"]["rules"]
+    # allgathered over 32 workers, 7 times AUTO's step: beyond the model's error, not timed
+    assert plans["AUTO"]["rules"]["AR's rule"]["timed"] is False
+    assert plans["AUTO"]["rules"]["AR's rule"]["margin"] > 2.85
+    assert "no trials: every other plan is predicted slower" in plans["AUTO"]["note"]
 
     # classifier reads tf.data; its step given as a GPU's: compute is 5 ms, the cores unshared.
     code, out, err = _plan("examples/classifier.py", "--machines", "2",

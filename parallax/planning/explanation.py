@@ -4,8 +4,6 @@ plan, its predicted step and the margin to the proposal's. `runner.describe()` p
 the plan's AUTO line; `python -m parallax.plan` prints it for each run option."""
 from __future__ import annotations
 
-from typing import Dict
-
 from parallax.planning import cost
 from parallax.planning.candidates import rule_name
 from parallax.planning.problem import Problem
@@ -45,13 +43,21 @@ def note(problem: Problem, proposal: Proposal) -> str:
                  f"; predicted communication {ms(proposal.step)} a step")
     if problem.untimed and unsure(problem, proposal):
         text += f"; not timed on the cluster: {problem.untimed}"
+    return text + _rules(proposal)
+
+
+def _rules(proposal: Proposal) -> str:
+    """The rules' plans, each predicted step with its margin over the proposal's, and which
+    are timed on the cluster."""
+    if not proposal.alternatives and not proposal.beyond_error:
+        return ""
+    text = "; the rules' plans: " + ", ".join(
+        f"{a.name} {ms(a.step)} ({margin(proposal, a.step):+.0%}"
+        + (", not timed: beyond the model's error)" if a in proposal.beyond_error else ")")
+        for a in proposal.alternatives + proposal.beyond_error)
+    if not proposal.alternatives:
+        text += "; no trials: every other plan is predicted slower by more than the model errs"
     return text
-
-
-def alternatives(proposal: Proposal) -> Dict[str, str]:
-    """Each rule's plan's predicted step, and how much slower than the proposal's it is."""
-    return {alternative.name: f"{ms(alternative.step)} ({margin(proposal, alternative.step):+.0%})"
-            for alternative in proposal.alternatives}
 
 
 def margin(proposal: Proposal, step: float) -> float:

@@ -111,8 +111,9 @@ def _plan(problem: Problem, proposal: Proposal, batch: Optional[int]) -> dict:
                  bound_by=max(terms, key=terms.get))
     if batch:
         shown["examples_per_second"] = batch * shape.workers / proposal.step
-    if proposal.alternatives:
+    if proposal.alternatives or proposal.beyond_error:
         shown["rules"] = {a.name: {"step_ms": a.step * 1e3,
-                                   "margin": explanation.margin(proposal, a.step)}
-                          for a in proposal.alternatives}
+                                   "margin": explanation.margin(proposal, a.step),
+                                   "timed": a in proposal.alternatives}
+                          for a in proposal.alternatives + proposal.beyond_error}
     return shown

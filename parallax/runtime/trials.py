@@ -6,8 +6,10 @@ local variables, and the position of its tf.data iterators — so the trial step
 steps of one training, as one device would run them.
 
 Every worker switches after the same training step and takes the chief's timings, so they all
-keep the same plan. The two fastest plans, where they are near (Config.trial_retime_within),
-are timed again in the reverse order, and each counts the mean of its two rounds."""
+keep the same plan. Each plan first trains a third of its steps untimed, in turn (a plan's first
+steps are slower, its session's first runs and more); then the plans take TIMED_TURNS turns of
+timed steps in alternation, A B C A B C A B C, so that none pays for being first and a drift of
+the machine weighs on all alike; each counts the median of its turns."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +30,24 @@ from parallax.runtime.session import ParallaxRunner
 from parallax.vocabulary import ITERATOR_OPS
 
 log = logging.getLogger("parallax")
-# Iterators of tf.data whose position a switch carries over (a one-shot or an initializable
-# iterator of tf.compat.v1.data).
+TIMED_TURNS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    index: int  # the candidate's
+    steps: int
+    timed: bool
+
+
+def schedule(candidates: int, steps: int) -> List[Turn]:
+    """Each candidate's warm-up (a third of `steps`, at least one), in turn, then TIMED_TURNS
+    rounds of the rest in alternation."""
+    warm = max(1, steps // 3)
+    timed = max(1, (steps - warm) // TIMED_TURNS)
+    return ([Turn(index, warm, False) for index in range(candidates)]
+            + [Turn(index, timed, True) for _ in range(TIMED_TURNS)
+               for index in range(candidates)])
 
 
 @dataclasses.dataclass
@@ -48,10 +66,10 @@ class Candidate:
     name: str  # how the plan was made: the cost model's choice, or a run option's rule
     predicted: Optional[float]  # seconds of a step, as the cost model predicted
     runner: ParallaxRunner
-    measured: Optional[float] = None  # mean of its rounds
+    measured: Optional[float] = None  # the median of its turns, as the chief saw them
     quiet: bool = False  # timed without the job's collectives (Quiet)
-    # per round it was timed in: the median seconds of its timed steps, as the chief saw
-    rounds: List[float] = dataclasses.field(default_factory=list)
+    # per timed turn: the median seconds of its steps
+    turns: List[float] = dataclasses.field(default_factory=list)
 
 
 class TrialRunner(ParallaxRunner):
@@ -63,14 +81,14 @@ class TrialRunner(ParallaxRunner):
     def __init__(self, candidates: List[Candidate], steps: int,  # pylint: disable=W0231
                  agree: Callable[[np.ndarray], np.ndarray],
                  on_kept: Callable[["TrialRunner", Candidate], None], build_seconds: float,
-                 quiet: Optional[Quiet] = None, *, retime_within: float):
+                 quiet: Optional[Quiet] = None):
         self._candidates = candidates
         self._trial_steps = steps
-        self._retime_within = retime_within
         self._agree = agree  # the chief's vector, on every worker (a collective: a barrier)
         self._on_kept = on_kept
+        self._turns = schedule(len(candidates), steps)
+        self._turn = 0
         self._index = 0
-        self._round = list(range(len(candidates)))  # the plans timed in this round, in order
         self._times: List[float] = []
         self._kept: Optional[Candidate] = None
         # What the trials cost beyond their steps: the other plans' runners, then the switches
@@ -100,14 +118,14 @@ class TrialRunner(ParallaxRunner):
         training, seconds = self.current.last_run
         if self._kept is None and training:
             self._times.append(seconds)
-            if len(self._times) == self._trial_steps:
+            if len(self._times) == self._turns[self._turn].steps:
                 self._next()
         return result
 
     def describe(self) -> str:
         lines = [self.current.describe(), "trials on the cluster (Config.trial_steps="
-                 f"{self._trial_steps}, median step of the timed ones, mean of two rounds for "
-                 f"the two nearest plans; building the other "
+                 f"{self._trial_steps}: a third untimed, then {TIMED_TURNS} turns in "
+                 "alternation, the median of the turns' median steps; building the other "
                  f"plans took {self.overhead['build']:.1f} s, switching "
                  f"{self.overhead['switch']:.1f} s):"]
         for index, candidate in enumerate(self._candidates):
@@ -117,7 +135,7 @@ class TrialRunner(ParallaxRunner):
                      "in use" if self._kept is None and index == self._index else "")
             quiet = " without Horovod" if candidate.quiet else ""
             lines.append(f"  {candidate.name}: predicted {predicted} ms, measured {measured} "
-                         f"ms{_rounds(candidate)}{quiet} {state}".rstrip())
+                         f"ms{_turns(candidate)}{quiet} {state}".rstrip())
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -133,32 +151,24 @@ class TrialRunner(ParallaxRunner):
                 candidate.runner.close_after_trial()
 
     def _next(self) -> None:
-        """After a plan's trial steps: on to the next plan of the round, to a second round of
-        the two nearest, or to the fastest plan."""
-        # The first half of a plan's steps are not timed: its session's first runs (graph
-        # optimization, connections, allocations), then steps that get faster for a while (a
-        # plan with every variable on servers: benchmarks/HISTORY.md).
-        timed = self._times[len(self._times) // 2:]
-        self._candidates[self._index].rounds.append(statistics.median(timed))
+        """After a turn's steps: on to the next turn's plan, or, after the last, to the
+        fastest plan."""
+        turn = self._turns[self._turn]
+        if turn.timed:
+            self._candidates[turn.index].turns.append(statistics.median(self._times))
         self._times = []
+        self._turn += 1
         self._join_if_left()
-        position = self._round.index(self._index)
-        if position + 1 < len(self._round):
-            self._switch(self._round[position + 1])
+        if self._turn < len(self._turns):
+            following = self._turns[self._turn].index
+            if following != self._index:
+                self._switch(following)
             self._leave_if_idle()
             return
-        in_round = [self._candidates[index] for index in self._round]
-        agreed = self._agree(np.array([c.rounds[-1] for c in in_round], np.float64))
-        for candidate, seconds in zip(in_round, agreed):
-            candidate.rounds[-1] = float(seconds)
-            candidate.measured = statistics.mean(candidate.rounds)
-        again = self._nearest() if len(in_round[0].rounds) == 1 else []
-        if again:
-            self._round = again
-            if again[0] != self._index:
-                self._switch(again[0])
-            self._leave_if_idle()
-            return
+        agreed = self._agree(np.array([statistics.median(c.turns) for c in self._candidates],
+                                      np.float64))
+        for candidate, seconds in zip(self._candidates, agreed):
+            candidate.measured = float(seconds)
         fastest = min(range(len(self._candidates)),
                       key=lambda index: self._candidates[index].measured)
         if fastest != self._index:
@@ -168,17 +178,6 @@ class TrialRunner(ParallaxRunner):
             if candidate is not self._kept:
                 candidate.runner.close_after_trial()
         self._on_kept(self, self._kept)
-
-    def _nearest(self) -> List[int]:
-        """The two fastest plans, the later-timed first, if the second is within
-        Config.trial_retime_within of the first; else none."""
-        order = sorted(range(len(self._candidates)),
-                       key=lambda index: self._candidates[index].measured)
-        if len(order) < 2 or (self._candidates[order[1]].measured
-                              > self._candidates[order[0]].measured
-                              * (1 + self._retime_within)):
-            return []
-        return sorted(order[:2], reverse=True)
 
     def _leave_if_idle(self) -> None:
         if self._quiet is not None and self._quiet.idle[self._index]:
@@ -268,7 +267,7 @@ def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> N
 
 def describe_kept(runner: TrialRunner, kept: Candidate) -> str:
     return ("AUTO timed its plans on the cluster: " + "; ".join(
-        f"{c.name} {c.measured * 1e3:.1f} ms a step{_rounds(c)}"
+        f"{c.name} {c.measured * 1e3:.1f} ms a step{_turns(c)}"
         + (f" (predicted {c.predicted * 1e3:.1f})" if c.predicted is not None else "")
         + (" without Horovod" if c.quiet else "")
         for c in runner.candidates) + f"; kept {kept.name} (the trials cost "
@@ -276,8 +275,7 @@ def describe_kept(runner: TrialRunner, kept: Candidate) -> str:
         f"{runner.overhead['switch']:.1f} s switching, besides their steps)")
 
 
-
-def _rounds(candidate: Candidate) -> str:
-    if len(candidate.rounds) < 2:
+def _turns(candidate: Candidate) -> str:
+    if len(candidate.turns) < 2:
         return ""
-    return " (rounds " + " and ".join(f"{seconds * 1e3:.1f}" for seconds in candidate.rounds) + ")"
+    return " (turns " + ", ".join(f"{seconds * 1e3:.1f}" for seconds in candidate.turns) + ")"
