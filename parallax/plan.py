@@ -99,8 +99,9 @@ def text(answer: dict, script: str) -> str:
     auto = plans["AUTO"]
     lines += ["", f"AUTO: {auto['note']}"]
     if auto.get("rules"):
-        lines.append("the rules' plans AUTO weighs against its own (timed on the cluster "
-                     "unless predicted slower by more than the model errs): " + ", ".join(
+        lines.append("the rules' plans AUTO weighs against the cost model's choice (timed on "
+                     "the cluster unless predicted slower by more than the model errs): "
+                     + ", ".join(
                          f"{name} {rule['step_ms']:.3g} ms ({rule['margin']:+.0%}"
                          f"{'' if rule['timed'] else ', not timed'})"
                          for name, rule in auto["rules"].items()))

@@ -39,8 +39,9 @@ def _check_plans(answer, workers, batch):
         assert math.isclose(plan["examples_per_second"], batch * workers / plan["step_ms"] * 1e3)
         assert plan["busiest_link_bytes"]["sent"] > 0
     auto = plans["AUTO"]
-    for name, rule in auto.get("rules", {}).items():
-        assert math.isclose(rule["margin"], rule["step_ms"] / auto["step_ms"] - 1)
+    timed = [rule["step_ms"] for rule in auto.get("rules", {}).values() if rule["timed"]]
+    # AUTO keeps the fastest of the plans it times: the prediction is the fastest predicted
+    assert auto["step_ms"] <= min(timed, default=auto["step_ms"])
     assert auto["step_ms"] <= plans["AR"]["step_ms"]
 
 

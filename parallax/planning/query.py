@@ -38,7 +38,7 @@ def report(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         problems[run_option] = problem
     first = problems["AUTO"]
     plans = {name: _plan(problem, propose(problem) if searched[name] else by_rule(problem),
-                         batch) for name, problem in problems.items()}
+                         batch, auto=name == "AUTO") for name, problem in problems.items()}
     return {
         "cluster": {"machines": first.shape.machines,
                     "workers_per_machine": first.shape.workers_per_machine,
@@ -81,9 +81,19 @@ def _variable(var: cost.VariableStats, analysis: GraphAnalysis) -> dict:
     return shown
 
 
-def _plan(problem: Problem, proposal: Proposal, batch: Optional[int]) -> dict:
+def _plan(problem: Problem, proposal: Proposal, batch: Optional[int], auto: bool = False
+          ) -> dict:
     """A proposal as the report shows it: each variable's method (its shards' servers), the
-    bytes on the busiest link direction, the predicted step, its terms and the largest."""
+    bytes on the busiest link direction, the predicted step, its terms and the largest. AUTO
+    keeps the plan whose steps were fastest in its trials: shown, the one predicted fastest of
+    its own and those it times."""
+    note, chosen = explanation.note(problem, proposal), proposal
+    faster = [a for a in proposal.alternatives if auto and a.step < proposal.step]
+    if faster:
+        kept = min(faster, key=lambda a: a.step)
+        note += f"; predicted the fastest of the plans AUTO times: {kept.name}"
+        proposal = dataclasses.replace(proposal, methods=kept.methods, step=kept.step,
+                                       machine_stages=kept.machine_stages)
     shape = problem.shape
     traffic = [[0.0, 0.0] for _ in range(shape.machines)]
     for name, method in proposal.methods.items():
@@ -95,7 +105,7 @@ def _plan(problem: Problem, proposal: Proposal, batch: Optional[int]) -> dict:
         "methods": {name: {"how": method.how.value, "servers": list(method.servers)}
                     for name, method in proposal.methods.items()},
         "machine_stages": proposal.machine_stages,
-        "note": explanation.note(problem, proposal),
+        "note": note,
     }
     if proposal.step is None:
         return shown
@@ -111,9 +121,9 @@ def _plan(problem: Problem, proposal: Proposal, batch: Optional[int]) -> dict:
                  bound_by=max(terms, key=terms.get))
     if batch:
         shown["examples_per_second"] = batch * shape.workers / proposal.step
-    if proposal.alternatives or proposal.beyond_error:
+    if chosen.alternatives or chosen.beyond_error:  # against the cost model's own choice
         shown["rules"] = {a.name: {"step_ms": a.step * 1e3,
-                                   "margin": explanation.margin(proposal, a.step),
-                                   "timed": a in proposal.alternatives}
-                          for a in proposal.alternatives + proposal.beyond_error}
+                                   "margin": explanation.margin(chosen, a.step),
+                                   "timed": a in chosen.alternatives}
+                          for a in chosen.alternatives + chosen.beyond_error}
     return shown
