@@ -2,6 +2,7 @@
 the training from one session to another, are tested by the AUTO jobs of test_equivalence)."""
 import numpy as np
 
+from parallax.planning import trials as policy
 from parallax.runtime import trials
 
 
@@ -38,13 +39,39 @@ def _trial_runner(seconds, switches, kept, steps=3, agree=lambda values: values,
 
 
 def test_the_schedule_warms_each_plan_then_times_them_in_alternation():
-    turns = trials.schedule(3, 30)
+    turns = policy.schedule(3, 30)
     assert [(t.index, t.steps, t.timed) for t in turns[:3]] == [(0, 10, False), (1, 10, False),
                                                                  (2, 10, False)]
-    assert [t.index for t in turns[3:]] == [0, 1, 2] * trials.TIMED_TURNS
+    assert [t.index for t in turns[3:]] == [0, 1, 2] * policy.TIMED_TURNS
     assert {(t.steps, t.timed) for t in turns[3:]} == {(6, True)}
-    assert [(t.steps, t.timed) for t in trials.schedule(2, 3)] == [(1, False)] * 2 + [
+    assert [(t.steps, t.timed) for t in policy.schedule(2, 3)] == [(1, False)] * 2 + [
         (1, True)] * 6
+
+
+def test_the_policy_orders_keeps_and_compares_with_the_cost_model():
+    assert policy.order(["choice", "AR's rule", "PS's rule"]) == ["AR's rule", "PS's rule",
+                                                                  "choice"]
+    assert policy.measured([0.030, 0.010, 0.011]) == 0.011
+    assert policy.keep([0.012, 0.010, 0.011]) == 1
+    # measured / predicted: 1.5, 2.0 and a plan not predicted
+    assert policy.model_ratio([0.010, 0.005, None], [0.015, 0.010, 0.020]) == 1.75
+    assert policy.model_ratio([None], [0.02]) is None
+
+
+def test_after_the_trials_describe_gives_predictions_corrected_by_the_measured_steps():
+    switches, kept = [], []
+    candidates = [trials.Candidate(f"plan {i}", predicted, _Runner(seconds))
+                  for i, (predicted, seconds) in enumerate([(0.010, 0.015), (0.005, 0.010)])]
+    runner = trials.TrialRunner(candidates, 3, lambda values: values,
+                                lambda _, candidate: kept.append(candidate), 0.0)
+    runner._switch = lambda index: (switches.append(index), setattr(runner, "_index", index))
+    assert "corrected" not in runner.describe()  # not before the trials end
+    for _ in range(8):
+        runner.run("train")
+    text = runner.describe()
+    assert "plan 0: predicted 10.0 (corrected 17.5) ms, measured 15.0 ms" in text
+    assert "plan 1: predicted 5.0 (corrected 8.8) ms, measured 10.0 ms" in text
+    assert "measured / predicted 1.75" in text
 
 
 def test_each_plan_trains_its_turns_then_the_fastest_is_kept():
@@ -132,7 +159,7 @@ def _quiet_trials(seconds, idle, steps=3):
                                 lambda _, c: events.append(("kept", c.name)), 0.0, quiet)
     runner._switch = lambda index: (events.append(("switch", index)),
                                     setattr(runner, "_index", index))
-    for _ in range(len(trials.schedule(len(seconds), steps))):
+    for _ in range(len(policy.schedule(len(seconds), steps))):
         runner.run("train")
     return runner, candidates, events
 

@@ -6,10 +6,7 @@ local variables, and the position of its tf.data iterators — so the trial step
 steps of one training, as one device would run them.
 
 Every worker switches after the same training step and takes the chief's timings, so they all
-keep the same plan. Each plan first trains a third of its steps untimed, in turn (a plan's first
-steps are slower, its session's first runs and more); then the plans take TIMED_TURNS turns of
-timed steps in alternation, A B C A B C A B C, so that none pays for being first and a drift of
-the machine weighs on all alike; each counts the median of its turns."""
+keep the same plan. The order, the turns and the choice are planning/trials.py's."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,29 +22,12 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
+from parallax.planning import trials as policy
 from parallax.planning.measure import error_reason
 from parallax.runtime.session import ParallaxRunner
 from parallax.vocabulary import ITERATOR_OPS
 
 log = logging.getLogger("parallax")
-TIMED_TURNS = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class Turn:
-    index: int  # the candidate's
-    steps: int
-    timed: bool
-
-
-def schedule(candidates: int, steps: int) -> List[Turn]:
-    """Each candidate's warm-up (a third of `steps`, at least one), in turn, then TIMED_TURNS
-    rounds of the rest in alternation."""
-    warm = max(1, steps // 3)
-    timed = max(1, (steps - warm) // TIMED_TURNS)
-    return ([Turn(index, warm, False) for index in range(candidates)]
-            + [Turn(index, timed, True) for _ in range(TIMED_TURNS)
-               for index in range(candidates)])
 
 
 @dataclasses.dataclass
@@ -86,7 +66,7 @@ class TrialRunner(ParallaxRunner):
         self._trial_steps = steps
         self._agree = agree  # the chief's vector, on every worker (a collective: a barrier)
         self._on_kept = on_kept
-        self._turns = schedule(len(candidates), steps)
+        self._turns = policy.schedule(len(candidates), steps)
         self._turn = 0
         self._index = 0
         self._times: List[float] = []
@@ -124,19 +104,31 @@ class TrialRunner(ParallaxRunner):
 
     def describe(self) -> str:
         lines = [self.current.describe(), "trials on the cluster (Config.trial_steps="
-                 f"{self._trial_steps}: a third untimed, then {TIMED_TURNS} turns in "
+                 f"{self._trial_steps}: a third untimed, then {policy.TIMED_TURNS} turns in "
                  "alternation, the median of the turns' median steps; building the other "
                  f"plans took {self.overhead['build']:.1f} s, switching "
                  f"{self.overhead['switch']:.1f} s):"]
+        ratio = self._model_ratio()
         for index, candidate in enumerate(self._candidates):
-            predicted = "-" if candidate.predicted is None else f"{candidate.predicted * 1e3:.1f}"
+            predicted = "-" if candidate.predicted is None else (
+                f"{candidate.predicted * 1e3:.1f}" + (
+                    f" (corrected {candidate.predicted * ratio * 1e3:.1f})" if ratio else ""))
             measured = "-" if candidate.measured is None else f"{candidate.measured * 1e3:.1f}"
             state = ("kept" if candidate is self._kept else
                      "in use" if self._kept is None and index == self._index else "")
             quiet = " without Horovod" if candidate.quiet else ""
             lines.append(f"  {candidate.name}: predicted {predicted} ms, measured {measured} "
                          f"ms{_turns(candidate)}{quiet} {state}".rstrip())
+        if ratio:
+            lines.append(f"  the cost model on this cluster: measured / predicted {ratio:.2f} "
+                         "(the median over the plans; the corrected predictions are times it)")
         return "\n".join(lines)
+
+    def _model_ratio(self) -> Optional[float]:
+        if self._kept is None:
+            return None
+        return policy.model_ratio([c.predicted for c in self._candidates],
+                                  [c.measured for c in self._candidates])
 
     def close(self) -> None:
         """Close the plan in use as a runner closes (its last checkpoint); the others, whose
@@ -165,12 +157,11 @@ class TrialRunner(ParallaxRunner):
                 self._switch(following)
             self._leave_if_idle()
             return
-        agreed = self._agree(np.array([statistics.median(c.turns) for c in self._candidates],
+        agreed = self._agree(np.array([policy.measured(c.turns) for c in self._candidates],
                                       np.float64))
         for candidate, seconds in zip(self._candidates, agreed):
             candidate.measured = float(seconds)
-        fastest = min(range(len(self._candidates)),
-                      key=lambda index: self._candidates[index].measured)
+        fastest = policy.keep([c.measured for c in self._candidates])
         if fastest != self._index:
             self._switch(fastest)
         self._kept = self._candidates[fastest]
