@@ -3,6 +3,7 @@
 place of every variable — and launches the job with it (launch.py); it does not return."""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -52,9 +53,13 @@ def answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     else:
         inside = (cost.Links(query.inside_bandwidth, query.inside_latency or 0.0)
                   if query.inside_bandwidth else None)
-        measured = measure(graph, analysis, [query.workers_per_machine] * query.machines,
-                           cost.Links(query.bandwidth, query.latency), inside,
-                           Cores(query.cores or os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(1) as background:  # on this machine
+            transport = background.submit(launch.probe_transport, "localhost",
+                                          config.launch_settings)
+            measured = measure(graph, analysis, [query.workers_per_machine] * query.machines,
+                               cost.Links(query.bandwidth, query.latency), inside,
+                               Cores(query.cores or os.cpu_count() or 1))
+            measured.transport = transport.result()
 
     def answered(measured: Measurements, fed_batch: Optional[int] = None) -> NoReturn:
         batch, unknown = ((query.batch or fed_batch, None) if query.batch or fed_batch
@@ -157,8 +162,12 @@ def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
     workers_per_machine = launch.workers_per_machine(resources)
     # Whether machines share a kernel, the link between two tells; within one, only its cores.
     machines = links["machines"] if links else within["machines"][:1] if within else None
-    return measure(graph, analysis, workers_per_machine, _links(links), _links(within),
-                   Cores.of(machines, len(workers_per_machine)) if machines else None)
+    with concurrent.futures.ThreadPoolExecutor(1) as background:  # its processes, meanwhile
+        transport = background.submit(launch.probe_transport, resources, settings)
+        measured = measure(graph, analysis, workers_per_machine, _links(links), _links(within),
+                           Cores.of(machines, len(workers_per_machine)) if machines else None)
+        measured.transport = transport.result()
+    return measured
 
 
 def _links(probed: Optional[dict]) -> Optional[cost.Links]:

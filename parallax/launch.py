@@ -24,6 +24,8 @@ from parallax import contracts
 from parallax.cluster import Cluster
 from parallax.config import RuntimeOptions
 from parallax.errors import ParallaxError
+from parallax.planning import transport_probe
+from parallax.planning.cost import Transport
 from parallax.runtime import input_check
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
 from runner.control import ControlServer
@@ -62,6 +64,19 @@ def probe_links(resources: str, settings: Settings) -> Tuple[Optional[dict], Opt
     first = hosts[0].name
     between = probe(first, hosts[1].name) if len(hosts) > 1 else None
     return between, probe(first, first)
+
+
+def probe_transport(resources: str, settings: Settings) -> Optional[Transport]:
+    """What TensorFlow's transport costs between the first two machines (within the first,
+    for a job of one machine): planning.transport_probe; None for a probe that fails, which
+    is logged."""
+    hosts = load_resources(resources)
+    client, server = hosts[0].name, hosts[min(1, len(hosts) - 1)].name
+    try:
+        return transport_probe.probe(client, server, _remote_shell(resources, settings))
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
+        log.warning("the transport probe between %s and %s failed (%s)", client, server, error)
+        return None
 
 
 Shell = Union[SSHConfig, SrunConfig]  # how processes start on other hosts

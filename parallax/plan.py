@@ -75,6 +75,16 @@ def text(answer: dict, script: str) -> str:
                      f"{terms['worker_compute_ms']:.3g} ms")
     else:
         lines.append(f"compute {terms['compute']}: communication only")
+    probed = terms.get("transport")
+    if probed:
+        lines.append(
+            "TensorFlow's transport, probed on "
+            f"{'those machines' if cluster['link_measured'] else 'this machine'}: "
+            f"a message {probed['message_seconds'] * 1e3:.2g} ms, of CPU "
+            f"{probed['worker_cpu_message'] * 1e3:.2g} ms in a worker and "
+            f"{probed['server_cpu_message'] * 1e3:.2g} ms in a server; a MB "
+            f"{probed['worker_cpu_byte'] * 1e9:.2g} and {probed['server_cpu_byte'] * 1e9:.2g} ms; "
+            f"a pushed row {probed['server_cpu_row'] * 1e6:.2g} us")
     batch = answer["batch"]
     lines.append(f"batch: {batch['per_worker']} examples a worker, {batch['combined']} combined"
                  if "per_worker" in batch else f"batch unknown ({batch['unknown']}; --batch)")
@@ -156,7 +166,8 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, str, List[str]]:
     parser.add_argument("--inside-link", type=rate, help="between workers of one machine")
     parser.add_argument("--latency-us", type=float, default=200.0,
                         help="microseconds a message costs besides its bytes (200)")
-    parser.add_argument("--cores", type=script_command.positive, help="of each machine (this machine's)")
+    parser.add_argument("--cores", type=script_command.positive,
+                        help="of each machine (this machine's)")
     parser.add_argument("--step-ms", type=float,
                         help="one worker's step alone, on its own device (measured here)")
     parser.add_argument("--batch", type=script_command.positive,

@@ -326,3 +326,43 @@ def test_hybrids_rule_is_a_candidate_that_the_beam_may_drop():
     assert seconds == pytest.approx(0.0619, abs=5e-4)
     assert {m.how for name, m in chosen.items() if "/part_" in name} == {PS}
     assert sorted(chosen[f"softmax_w/part_{j}"].servers[0] for j in range(4)) == [0, 1, 2, 3]
+
+
+# Round numbers for the transport's costs, so that the sums can be followed by hand.
+TRANSPORT = cost.Transport(message_seconds=1e-3, worker_cpu_message=1e-3,
+                           server_cpu_message=2e-3, worker_cpu_byte=1e-6, server_cpu_byte=2e-6,
+                           server_cpu_row=1e-4)
+
+
+def test_the_synchronizations_cpu_counts_every_message_byte_and_row_at_both_ends():
+    # SPARSE on server 0, local aggregation, unique pulls: a worker pulls 6 rows x 16 = 96
+    # bytes; each machine pushes its 2 workers' 9 distinct rows x 24 = 216 bytes, once.
+    # Server 0: 2 machines x (2 pulls + 1 push) = 6 messages (12 ms), 2 x (192 + 216) = 816
+    # bytes (1.632 ms), 18 rows (1.8 ms). Each machine's workers: 3 messages (3 ms), 408
+    # bytes (0.408 ms). An allreduced variable takes none of it.
+    spent = cost.sync_cpu({"e": Method(PS, (0,)), "w": Method(ALLREDUCE)},
+                          {"e": SPARSE, "w": DENSE}, TWO_BY_TWO, TRANSPORT)
+    assert spent == pytest.approx([0.015432 + 0.003408, 0.003408])
+    # Without local aggregation every worker pushes its 10 rows x 24 bytes: 4 pushes, 40 rows.
+    apart = cost.sync_cpu({"e": Method(PS, (0,))}, {"e": SPARSE}, TWO_BY_TWO, TRANSPORT,
+                          local_aggregation=False)
+    assert apart[1] == pytest.approx(4 * 1e-3 + (192 + 480) * 1e-6)
+    assert apart[0] == pytest.approx(apart[1] + 8 * 2e-3 + 2 * 672 * 2e-6 + 40 * 1e-4)
+
+
+def test_on_shared_cores_the_cpu_floor_bounds_the_step():
+    choice, stats = {"e": Method(PS, (0,))}, {"e": SPARSE}
+    # Each worker computes 10 ms of CPU: 2 x 10 ms + the synchronization's, per machine.
+    one_kernel = cost.CpuBudget(worker_cpu=0.01, cores=2, machines_per_kernel=2)
+    assert cost.cpu_floor(choice, stats, TWO_BY_TWO, TRANSPORT, one_kernel) == pytest.approx(
+        (0.03884 + 0.023408) / 2)
+    own_cores = cost.CpuBudget(worker_cpu=0.01, cores=2)
+    assert cost.cpu_floor(choice, stats, TWO_BY_TWO, TRANSPORT, own_cores) == pytest.approx(
+        0.03884 / 2)
+    terms = cost.step_terms(choice, stats, TWO_BY_TWO, Links(), compute=0.01,
+                            transport=TRANSPORT, budget=one_kernel)
+    assert terms["cores"] == pytest.approx(0.031124 - sum(
+        seconds for term, seconds in terms.items() if term != "cores"))
+    # a server's message costs the transport's where it exceeds the link's latency
+    assert terms["messages"] == 2 * 1e-3
+    assert "cores" not in cost.step_terms(choice, stats, TWO_BY_TWO, Links(), compute=0.01)

@@ -329,6 +329,7 @@ def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkey
             if "] embedding " in line or "] embedding/part_0 " in line][0]
     assert ("allreduce" if dense_ids else "parameter server") in plan, result.stdout[-3000:]
     assert "AUTO: cost model" in result.stdout
+    assert "; transport probed: a message " in result.stdout  # between the two machines
     timed = [line for line in result.stdout.splitlines() if "AUTO timed its plans" in line]
     # a line for the first config's runner; the later get_runner calls are not timed
     assert len(timed) == 1 and "the cost model's choice" in timed[0], timed

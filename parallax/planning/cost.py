@@ -102,6 +102,29 @@ class Links:
 
 
 @dataclasses.dataclass(frozen=True)
+class Transport:
+    """What TensorFlow's gRPC transport costs beyond the link's bytes and latency, as its probe
+    measured it (planning/transport_probe.py): seconds of wall time a message (a pull or a
+    push) takes, and CPU seconds a message, a byte and a pushed row take in the worker and in
+    the server."""
+    message_seconds: float
+    worker_cpu_message: float
+    server_cpu_message: float
+    worker_cpu_byte: float
+    server_cpu_byte: float
+    server_cpu_row: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuBudget:
+    """What bounds a step from below where processes share cores: one worker's compute, in
+    CPU seconds a step alone, a machine's cores, and how many machines share one kernel's."""
+    worker_cpu: float
+    cores: int
+    machines_per_kernel: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
     how: Sync
     servers: Tuple[int, ...] = ()  # PS: the machines holding its shards
@@ -213,13 +236,17 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 
 def step_terms(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
                links: Links, compute: float = 0.0, alone: Optional[float] = None,
+               transport: Optional[Transport] = None, budget: Optional[CpuBudget] = None,
                **options) -> Dict[str, float]:
     """The seconds of a step, term by term, in their order: the pulls (the first phase's
     busiest link direction), then the compute and what the second phase's busiest link
     direction takes beyond it (its pushes of dense gradients to servers go as each is ready,
     pushed_when_ready), then the busiest server's updates (server_updates; at the speed of a
     worker alone on its machine, `alone` seconds a step, `compute` when not given), and the
-    waits of the messages and machine stages (`waits`)."""
+    waits of the messages and machine stages (`waits`; a message to a server costs the
+    `transport`'s where it was probed). Last, with the `transport` and a `budget`, what the
+    cores of the busiest kernel need beyond the other terms (cpu_floor): where workers and
+    servers share cores, their CPU bounds the step, whatever the links."""
     phases, second = no_traffic(cluster), []
     for name, method in choice.items():
         traffic = link_phases(stats[name], method, cluster, **options)
@@ -232,11 +259,75 @@ def step_terms(choice: Dict[str, Method], stats: Dict[str, VariableStats], clust
     off, held = server_updates(choice, stats, cluster)
     worker, link = _compute_and_link(compute, pushes, off)
     staged = options.get("hierarchical_allreduce", False)
-    return {"pulls": busiest_bytes(phases[:1]) / links.bandwidth,
-            "compute": worker, "pushes after the compute": max(0.0, link - worker),
-            "servers' updates": max(held, default=0.0) * (compute if alone is None else alone),
-            "messages": _rounds(choice, stats, cluster) * links.latency,
-            "machine stages": MACHINE_STAGES_SECONDS if _staged(choice, staged) else 0.0}
+    terms = {"pulls": busiest_bytes(phases[:1]) / links.bandwidth,
+             "compute": worker, "pushes after the compute": max(0.0, link - worker),
+             "servers' updates": max(held, default=0.0) * (compute if alone is None else alone),
+             "messages": _message_seconds(choice, stats, cluster, links, transport),
+             "machine stages": MACHINE_STAGES_SECONDS if _staged(choice, staged) else 0.0}
+    if transport is not None and budget is not None:
+        floor = cpu_floor(choice, stats, cluster, transport, budget, **options)
+        terms["cores"] = max(0.0, floor - sum(terms.values()))
+    return terms
+
+
+def _message_seconds(choice, stats, cluster, links, transport) -> float:
+    """The longest chain of messages a step waits for: a latency each, or for a server's
+    pulls and pushes the transport's own cost of a message where it was probed."""
+    def each(method: Method) -> float:
+        if method.how == PS and transport is not None:
+            return max(links.latency, transport.message_seconds)
+        return links.latency
+    return max((messages(stats[name], method, cluster) * each(method)
+                for name, method in choice.items()), default=0.0)
+
+
+def sync_cpu(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
+             transport: Transport, local_aggregation: bool = True, unique_pulls: bool = True,
+             **_) -> List[float]:
+    """Per machine, the CPU seconds a step's messages, bytes and pushed rows to and from the
+    servers take in its processes, as the transport probe measured each (links inside a
+    machine included: a worker's pull from its own machine's server costs as much CPU). Each
+    worker pulls every shard of a server variable (a dense one as often as it reads it), and
+    pushes its gradient to each, or, a sparse one with local aggregation, each machine pushes
+    its workers' rows summed by id once."""
+    h, g, n = cluster.machines, cluster.workers_per_machine, cluster.workers
+    spent = [0.0] * h
+    for name, method in choice.items():
+        if method.how != PS:
+            continue
+        var, k = stats[name], len(method.servers)
+        if var.sparse:
+            pull = (var.distinct(1) if unique_pulls else var.rows) * var.row_bytes
+            row = var.row_bytes + var.index_bytes
+            aggregated = local_aggregation
+            pushed = var.distinct(g) * row if aggregated else g * var.rows * row  # a machine's
+            rows, reads = (h * var.distinct(g) if aggregated else n * var.rows), 1
+        else:
+            pull, pushed, rows, reads, aggregated = var.nbytes, g * var.nbytes, 0, var.reads, False
+        pushes = 1 if aggregated else g  # a machine's, to each shard
+        for server in method.servers:  # each shard 1/k of the bytes and rows
+            spent[server] += (h * (g * reads + pushes) * transport.server_cpu_message
+                              + h * (g * reads * pull + pushed) / k * transport.server_cpu_byte
+                              + rows / k * transport.server_cpu_row)
+        for machine in range(h):
+            spent[machine] += (k * (g * reads + pushes) * transport.worker_cpu_message
+                               + (g * reads * pull + pushed) * transport.worker_cpu_byte)
+    return spent
+
+
+def cpu_floor(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
+              transport: Transport, budget: CpuBudget, **options) -> float:
+    """Seconds a step takes at least on the busiest kernel's cores: its machines' workers'
+    compute (less the updates the servers take off them), the servers' updates, and the
+    synchronization's CPU (sync_cpu)."""
+    off, held = server_updates(choice, stats, cluster)
+    spent = [cluster.workers_per_machine * budget.worker_cpu * (1 - off)
+             + held[machine] * budget.worker_cpu + sync
+             for machine, sync in enumerate(sync_cpu(choice, stats, cluster, transport,
+                                                     **options))]
+    shared = max(budget.machines_per_kernel, 1)
+    return max(sum(spent[i:i + shared]) for i in range(0, len(spent), shared)) / max(
+        budget.cores, 1)
 
 
 def server_updates(choice: Dict[str, Method], stats: Dict[str, VariableStats],

@@ -7,7 +7,7 @@ from __future__ import annotations
 from parallax.planning import cost
 from parallax.planning.candidates import rule_name
 from parallax.planning.problem import Problem
-from parallax.planning.proposal import Proposal, unsure
+from parallax.planning.proposal import Proposal, terms, unsure
 
 
 def note(problem: Problem, proposal: Proposal) -> str:
@@ -37,7 +37,9 @@ def note(problem: Problem, proposal: Proposal) -> str:
         if off:
             text += (f", of which the servers' updates take {off:.0%} (the busiest "
                      f"server {max(held):.0%})")
-        text += f"; predicted step {ms(proposal.step)}"
+        rated = terms(problem, proposal.methods, proposal.stats, bool(proposal.machine_stages))
+        text += (f"{_transport(problem)}; predicted step {ms(proposal.step)}, the most of it "
+                 f"{max(rated, key=rated.get)}")
     else:
         text += (f"; compute not measured ({problem.compute_problem})"
                  f"; predicted communication {ms(proposal.step)} a step")
@@ -63,6 +65,18 @@ def _rules(proposal: Proposal) -> str:
 def margin(proposal: Proposal, step: float) -> float:
     """How much longer `step` is than the proposal's predicted step, as a fraction of it."""
     return step / proposal.step - 1 if proposal.step else 0.0
+
+
+def _transport(problem: Problem) -> str:
+    """The transport probe's terms, each with its value."""
+    probed = problem.transport
+    if probed is None:
+        return "; transport not probed (its messages' CPU not priced)"
+    return (f"; transport probed: a message {ms(probed.message_seconds)}, of CPU "
+            f"{ms(probed.worker_cpu_message)} in a worker and {ms(probed.server_cpu_message)} "
+            f"in a server, a MB {ms(probed.worker_cpu_byte * 1e6)} and "
+            f"{ms(probed.server_cpu_byte * 1e6)}, a pushed row "
+            f"{probed.server_cpu_row * 1e6:.2g} us")
 
 
 def _splits(proposal: Proposal) -> str:

@@ -43,6 +43,7 @@ class Measurements:
     problem: Optional[str] = None  # why the statistics were not measured
     compute_problem: Optional[str] = None  # why the step was not timed
     fed: bool = False  # the problem: the input comes from the script's feed_dict
+    transport: Optional[cost.Transport] = None  # TensorFlow's gRPC, probed; None: not
 
     @property
     def shape(self) -> cost.Shape:

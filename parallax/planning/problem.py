@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
-from parallax.planning.cost import Links, Shape, VariableStats, shared_compute
+from parallax.planning.cost import (CpuBudget, Links, Shape, Transport, VariableStats,
+                                    shared_compute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Problem:
     local_aggregation: bool = True  # PSConfig's options that change the bytes
     unique_pulls: bool = True
     untimed: Optional[str] = None  # why the plans cannot take turns on the cluster
+    transport: Optional[Transport] = None  # TensorFlow's gRPC, as probed; None: not priced
 
     @property
     def priced(self) -> Dict[str, bool]:
@@ -77,6 +79,14 @@ class Problem:
     def sharing(self) -> int:
         """Workers whose compute shares one machine's cores."""
         return self.shape.workers_per_machine * self.cores.machines_per_kernel
+
+    @property
+    def budget(self) -> Optional[CpuBudget]:
+        """The cores that bound a step from below, with what each worker computes on them."""
+        if self.compute is None:
+            return None
+        return CpuBudget(self.compute.cpu, self.cores.per_machine,
+                         self.cores.machines_per_kernel)
 
     @property
     def worker_compute(self) -> Optional[float]:

@@ -92,11 +92,18 @@ def unsure(problem: Problem, proposal: Proposal) -> bool:
 def predicted(problem: Problem, methods: Dict[str, Method], stats: Dict[str, VariableStats],
               staged: bool) -> float:
     """Seconds of a step of a whole plan: its communication, and its compute where measured."""
+    return sum(terms(problem, methods, stats, staged).values())
+
+
+def terms(problem: Problem, methods: Dict[str, Method], stats: Dict[str, VariableStats],
+          staged: bool) -> Dict[str, float]:
+    """The rating's terms of a whole plan's step (cost.step_terms)."""
     compute = problem.worker_compute
-    return cost.step_time(methods, stats, problem.shape, problem.links,
-                          compute=compute or 0.0,
-                          alone=problem.compute.alone if problem.compute else None,
-                          hierarchical_allreduce=staged, **problem.priced)
+    return cost.step_terms(methods, stats, problem.shape, problem.links,
+                           compute=compute or 0.0,
+                           alone=problem.compute.alone if problem.compute else None,
+                           transport=problem.transport, budget=problem.budget,
+                           hierarchical_allreduce=staged, **problem.priced)
 
 
 def fastest(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict[str, Sync]
@@ -115,6 +122,10 @@ def fastest(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict
 
 
 def _step(problem: Problem, choice: Dict[str, Method], staged: bool) -> float:
+    """What the search compares plans by: their communication; where the transport was
+    probed, the whole predicted step, whose CPU floor prices each message and byte."""
+    if problem.transport is not None:
+        return predicted(problem, choice, problem.variables, staged)
     return cost.step_time(choice, problem.variables, problem.shape, problem.links,
                           hierarchical_allreduce=staged, **problem.priced)
 
@@ -151,10 +162,15 @@ def search(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict[
         beam = extended[:BEAM]
     best = dict(beam[0][0])
     # The beam keeps partial plans that look fast alone: it can drop the tables that balance
-    # only together (4 shards on 4 servers, each alone predicted slower than an allgather).
-    by_rule = rule_methods(problem, shard_counts, hows)
-    if _step(problem, by_rule, staged) < _step(problem, best, staged):
-        best = by_rule
+    # only together (4 shards on 4 servers, each alone predicted slower than an allgather),
+    # and, ranked by bytes, the plan of fewer messages that the cores prefer.
+    rules = [rule_methods(problem, shard_counts, hows)]
+    if not hows:
+        rules.append({name: Method(rule("AR", var.sparse)) for name, var in
+                      problem.variables.items()})
+    for by_rule in rules:
+        if _step(problem, by_rule, staged) < _step(problem, best, staged):
+            best = by_rule
     balanced = balanced_servers(best, problem.variables, shape)
     if _step(problem, balanced, staged) <= (1 + PLACEMENT_MARGIN) * _step(problem, best, staged):
         return balanced

@@ -15,6 +15,7 @@ from parallax.planning.measure import Measurements
 from parallax.planning.planner import pose
 from parallax.planning.problem import Compute, Problem
 from parallax.planning.proposal import Proposal, by_rule, propose
+from parallax.planning.proposal import terms as rated
 
 RUN_OPTIONS = ("AR", "PS", "HYBRID", "AUTO")
 
@@ -58,6 +59,8 @@ def _terms(problem: Problem, step: Optional[float]) -> Dict[str, object]:
     """The measured terms every plan's prediction rests on."""
     if problem.unmeasured:
         return {"unmeasured": problem.unmeasured}
+    transport = {"transport": dataclasses.asdict(problem.transport)} if problem.transport else {
+        "transport": None}
     terms = {"compute": "given (--step-ms)" if step is not None else "measured on this machine"}
     if problem.compute is None:
         terms["compute"] = f"not measured: {problem.compute_problem}"
@@ -66,7 +69,7 @@ def _terms(problem: Problem, step: Optional[float]) -> Dict[str, object]:
                      step_cpu_ms=problem.compute.cpu * 1e3,
                      worker_compute_ms=problem.worker_compute * 1e3,
                      workers_sharing_cores=problem.sharing)
-    return terms
+    return {**terms, **transport}
 
 
 def _variable(var: cost.VariableStats, analysis: GraphAnalysis) -> dict:
@@ -111,11 +114,7 @@ def _plan(problem: Problem, proposal: Proposal, batch: Optional[int], auto: bool
         return shown
     shown["busiest_link_bytes"] = {"sent": max(t[0] for t in traffic),
                                    "received": max(t[1] for t in traffic)}
-    terms = cost.step_terms(
-        proposal.methods, proposal.stats, shape, problem.links,
-        compute=problem.worker_compute or 0.0,
-        alone=problem.compute.alone if problem.compute else None,
-        hierarchical_allreduce=bool(proposal.machine_stages), **problem.priced)
+    terms = rated(problem, proposal.methods, proposal.stats, bool(proposal.machine_stages))
     shown.update(step_ms=proposal.step * 1e3,
                  terms_ms={term: seconds * 1e3 for term, seconds in terms.items()},
                  bound_by=max(terms, key=terms.get))

@@ -1,0 +1,21 @@
+"""The transport probe: TensorFlow's gRPC between two machines (two loopback addresses) and
+within one, each term measured by real processes, which end with the probe."""
+import psutil
+import pytest
+
+from parallax.planning import transport_probe
+
+
+@pytest.mark.job
+def test_the_probe_measures_every_term_and_leaves_nothing_running():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    between = transport_probe.probe("127.0.0.1", "127.0.0.2", None)
+    within = transport_probe.probe("127.0.0.1", "127.0.0.1", None)
+    for probed in (between, within):
+        # a message costs more than a microsecond and less than a second, at both ends
+        assert 1e-6 < probed.message_seconds < 1.0
+        assert 1e-6 < probed.worker_cpu_message < 1.0 and 1e-6 < probed.server_cpu_message < 1.0
+        # a byte's CPU: between 10 TB/s and 10 MB/s at each end
+        assert 1e-13 < probed.worker_cpu_byte < 1e-7 and 1e-13 < probed.server_cpu_byte < 1e-7
+        assert 0 <= probed.server_cpu_row < 1e-3
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
