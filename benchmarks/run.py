@@ -8,7 +8,7 @@ step_time_vs_rate.png in OUT compare them.
     python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit [...]]
                              [--workloads cnn cnn-bn lm lm-whole nmt tags] [--systems ...]
                              [--no-ablation]
-                             [--no-straggler]
+                             [--no-straggler] [--predict]
                              [--out benchmarks/results]
 """
 from __future__ import annotations
@@ -72,9 +72,7 @@ class Setup:
 def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_allreduce=False,
               own_batch_norm=False, collectives=None):
     def specs(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
-        resources = ";".join(
-            f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
-            for h in range(setup.hosts))
+        resources = _resources(setup)
         argv = [sys.executable, os.path.join(BENCH, "parallax_job.py"), "--workload", workload,
                 "--resources", resources, "--run-option", run_option, "--out", out,
                 *setup.measure_args]
@@ -128,6 +126,30 @@ def _tf_ps(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
                           cwd=REPO, host=setup.address(t // g), remote=setup.ssh)
               for t in range(len(workers))]
     return specs
+
+
+def predict(setup: Setup, workload: str, out: str, timeout: float) -> None:
+    """What `python -m parallax.plan` predicts of each run option on this cluster, probed as a
+    job's driver probes it, in out/plan-WORKLOAD.json (prediction_check.py reads it)."""
+    resources = _resources(setup)
+    argv = [sys.executable, "-m", "parallax.plan", os.path.join(BENCH, "parallax_job.py"),
+            "--resources", resources, "--json", "--", "--workload", workload, "--resources",
+            resources, "--out", os.path.join(out, "raw", workload, "plan"),
+            *setup.measure_args]
+    env = dict(os.environ, PARALLAX_SSH_OPTIONS=f"-F {os.path.join(setup.state, 'ssh_config')}")
+    print(f"[bench] {workload:4s} plan ...", flush=True)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        print(f"[bench] {workload:4s} plan: failed: {done.stderr.strip().splitlines()[-1:]}")
+        return
+    with open(os.path.join(out, f"plan-{workload}.json"), "w") as answer:
+        answer.write(done.stdout)
+
+
+def _resources(setup: Setup) -> str:
+    return ";".join(f"{setup.address(h)}:{','.join(map(str, range(setup.workers_per_host)))}"
+                    for h in range(setup.hosts))
 
 
 def _single(setup: Setup, workload: str, out: str) -> List[ProcessSpec]:
@@ -277,6 +299,9 @@ def main():
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--no-straggler", action="store_true",
                         help="leave out the straggler rows (PS, synchronous and not)")
+    parser.add_argument("--predict", action="store_true",
+                        help="also what python -m parallax.plan predicts of each run option "
+                        "(OUT/plan-WORKLOAD.json; prediction_check.py compares)")
     parser.add_argument("--out", default=os.path.join(BENCH, "results"))
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--window", type=int, default=10)
@@ -332,6 +357,8 @@ def _run_at(rate: str, args, base_setup: Setup, out: str) -> List[dict]:
     try:
         for workload in args.workloads:
             setup = base_setup.for_workload(workload)
+            if args.predict:
+                predict(setup, workload, out, args.timeout)
             results.append(run_job("single", _single, setup, workload, out, args.timeout))
             jobs = {name: EVERY_JOB[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:

@@ -16,6 +16,7 @@ from emulated import reason as no_cluster_reason
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import analytic  # noqa: E402
+import prediction_check  # noqa: E402
 import repeated  # noqa: E402
 import report  # noqa: E402
 
@@ -412,3 +413,21 @@ def test_the_allreduce_microbenchmark_times_each_implementation_and_setting(tmp_
          "--collectives", "tensorflow", "--settings", "bucket=4"],
         capture_output=True, text=True, timeout=120)
     assert typo.returncode != 0 and "--settings bucket=4: unknown ['bucket']" in typo.stderr
+
+
+def test_the_prediction_check_gives_each_rates_median_error_and_the_pairs_ranked_wrong():
+    def job(rate, system, predicted, measured):
+        return {"rate": rate, "shape": "2 x 2", "workload": "lm", "system": system,
+                "predicted": predicted, "measured": measured, "bound": "cores",
+                "error": predicted / measured - 1}
+    jobs = [job("100mbit", "parallax-ar", 90, 100), job("100mbit", "parallax-ps", 130, 120),
+            job("100mbit", "parallax-hybrid", 80, 60),  # 60 vs 100: apart, ranked right
+            job("10gbit", "parallax-ar", 50, 100), job("10gbit", "parallax-ps", 60, 80)]
+    wrong = prediction_check.misranked(jobs)  # 10gbit: AR measured slower, predicted faster
+    assert [(slow["system"], fast["system"]) for slow, fast in wrong] == [
+        ("parallax-ar", "parallax-ps")]
+    said = "\n".join(prediction_check.lines(jobs))
+    assert "| 100mbit | 2 x 2 | lm | parallax-ar | 90.0 | 100.0 | -10% | cores |" in said
+    assert "- 100mbit: median |error| 10% (median +8%, 3 jobs; target 15%)" in said
+    assert "- 10gbit: median |error| 38% (median -38%, 2 jobs; target 15%)" in said
+    assert "pairs measured more than 15% apart: 4, ranked wrong by the prediction: 1" in said
