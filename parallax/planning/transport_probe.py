@@ -64,7 +64,8 @@ def measure(host: str, server: str) -> None:
     with graph.as_default():
         phases = _phases(tf)
         initialize = tf.compat.v1.global_variables_initializer()
-    config = tf.compat.v1.ConfigProto(cluster_def=cluster.as_cluster_def())
+    config = tf.compat.v1.ConfigProto(cluster_def=cluster.as_cluster_def(),
+                                      operation_timeout_in_ms=TIMEOUT_SECONDS * 1000)
     with tf.compat.v1.Session(worker.target, graph=graph, config=config) as session:
         session.run(initialize)
         for name in PHASES:
