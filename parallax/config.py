@@ -120,6 +120,9 @@ class PlanOptions:
         and input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a new
         session would start those over.
+    trial_margin: a rule's plan predicted slower than the cost model's choice by more than
+        this fraction is not timed (it cannot win however the model errs); None: the model's
+        measured error (planning/proposal.py, TRUSTED_MARGIN); float('inf') times every one.
     collectives: the library of the allreduce, allgather and broadcast among the workers:
         'horovod' (Horovod's gloo on CPU; it builds against TensorFlow 2.18 and older) or
         'tensorflow' (TensorFlow's own collective ops, over a gRPC server on each worker).
@@ -136,6 +139,7 @@ class PlanOptions:
     search_partitions: bool = False
     sync: bool = True
     trial_steps: int = 30
+    trial_margin: Optional[float] = None
     collectives: Optional[str] = None
 
     def __post_init__(self):
@@ -161,6 +165,11 @@ class PlanOptions:
                 0 < self.trial_steps < 3):
             raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (a third to "
                              f"warm up, then three timed turns), got {self.trial_steps!r}")
+        if self.trial_margin is not None and (
+                isinstance(self.trial_margin, bool)
+                or not isinstance(self.trial_margin, (int, float)) or not self.trial_margin >= 0):
+            raise ValueError(f"trial_margin must be a fraction >= 0 (None: the model's measured "
+                             f"error), got {self.trial_margin!r}")
         if not isinstance(self.ps_config, PSConfig):
             raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
 
@@ -205,7 +214,7 @@ class Config:
     """How a job is distributed and run: the user's one object. Its keywords are those of the
     parts each stage receives, documented there: PlanOptions (run_option, average_dense,
     average_sparse, ps_config, hierarchical_allreduce, split_variables, sync_batch_norm,
-    search_partitions, sync, trial_steps, collectives), RuntimeOptions
+    search_partitions, sync, trial_steps, trial_margin, collectives), RuntimeOptions
     (sess_config, ckpt_config, profile_config, export_graph_path, warn_unsharded_input) and
     runner.settings.Settings (ssh, base_port, redirect_path, heartbeat_timeout_secs,
     stall_timeout_secs, max_restarts, metrics_file, progress_bar). A restarted job
@@ -233,6 +242,7 @@ class Config:
     export_graph_path: Optional[str] = None
     sync: bool = True
     trial_steps: int = 30
+    trial_margin: Optional[float] = None
     warn_unsharded_input: bool = True
     collectives: Optional[str] = None
 

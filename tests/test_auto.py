@@ -589,3 +589,18 @@ def test_a_rule_predicted_slower_by_more_than_the_model_errs_is_not_timed(monkey
                          r"model's error\)", untimed.note), untimed.note
     assert untimed.note.endswith(
         "; no trials: every other plan is predicted slower by more than the model errs")
+
+
+@pytest.mark.parametrize("margin", [-0.1, "0.5", True, float("nan")])
+def test_trial_margin_is_a_fraction_or_none(margin):
+    with pytest.raises(ValueError, match="trial_margin must be a fraction >= 0"):
+        Config(run_option="AUTO", trial_margin=margin)
+
+
+def test_a_trial_margin_given_times_every_rule_or_fewer(monkeypatch):
+    graph = _graph(vocab=100, ids_per_batch=500)
+    every = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, trial_margin=float("inf"))
+    assert [a["name"] for a in every.alternatives] == ["AR's rule", "HYBRID's rule",
+                                                       "PS's rule"]
+    assert measure_and_decide(graph, analyze(graph), TWO_BY_TWO,
+                              trial_margin=0.0).alternatives == []

@@ -339,10 +339,15 @@ def test_the_synchronizations_cpu_counts_every_message_byte_and_row_at_both_ends
     # bytes; each machine pushes its 2 workers' 9 distinct rows x 24 = 216 bytes, once.
     # Server 0: 2 machines x (2 pulls + 1 push) = 6 messages (12 ms), 2 x (192 + 216) = 816
     # bytes (1.632 ms), 18 rows (1.8 ms). Each machine's workers: 3 messages (3 ms), 408
-    # bytes (0.408 ms). An allreduced variable takes none of it.
+    # bytes (0.408 ms). DENSE allreduced in a ring of 4: each worker 6 messages of 250 bytes,
+    # each at both ends' cost, 6 x 3 ms + 1500 x 3 us = 22.5 ms, 45 ms a machine.
     spent = cost.sync_cpu({"e": Method(PS, (0,)), "w": Method(ALLREDUCE)},
                           {"e": SPARSE, "w": DENSE}, TWO_BY_TWO, TRANSPORT)
-    assert spent == pytest.approx([0.015432 + 0.003408, 0.003408])
+    assert spent == pytest.approx([0.015432 + 0.003408 + 0.045, 0.003408 + 0.045])
+    # SPARSE allgathered: 3 messages of 10 rows x 24 bytes to each worker, 3 x 3 ms + 720 x
+    # 3 us = 11.16 ms, two workers a machine
+    assert cost.sync_cpu({"e": Method(ALLGATHER)}, {"e": SPARSE}, TWO_BY_TWO,
+                         TRANSPORT) == pytest.approx([0.02232, 0.02232])
     # Without local aggregation every worker pushes its 10 rows x 24 bytes: 4 pushes, 40 rows.
     apart = cost.sync_cpu({"e": Method(PS, (0,))}, {"e": SPARSE}, TWO_BY_TWO, TRANSPORT,
                           local_aggregation=False)

@@ -284,14 +284,16 @@ def _message_seconds(choice, stats, cluster, links, transport) -> float:
 def sync_cpu(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
              transport: Transport, local_aggregation: bool = True, unique_pulls: bool = True,
              **_) -> List[float]:
-    """Per machine, the CPU seconds a step's messages, bytes and pushed rows to and from the
-    servers take in its processes, as the transport probe measured each (links inside a
-    machine included: a worker's pull from its own machine's server costs as much CPU). Each
-    worker pulls every shard of a server variable (a dense one as often as it reads it), and
-    pushes its gradient to each, or, a sparse one with local aggregation, each machine pushes
-    its workers' rows summed by id once."""
+    """Per machine, the CPU seconds a step's messages, bytes and pushed rows take in its
+    processes, as the transport probe measured each (links inside a machine included: a
+    worker's pull from its own machine's server costs as much CPU). Each worker pulls every
+    shard of a server variable (a dense one as often as it reads it), and pushes its gradient
+    to each, or, a sparse one with local aggregation, each machine pushes its workers' rows
+    summed by id once; each allreduces and allgathers the others (_collective_cpu)."""
     h, g, n = cluster.machines, cluster.workers_per_machine, cluster.workers
-    spent = [0.0] * h
+    collective = _collective_cpu([stats[name] for name, m in choice.items() if m.how != PS],
+                                 [m for m in choice.values() if m.how != PS], n, transport)
+    spent = [g * collective] * h
     for name, method in choice.items():
         if method.how != PS:
             continue
@@ -313,6 +315,28 @@ def sync_cpu(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster
             spent[machine] += (k * (g * reads + pushes) * transport.worker_cpu_message
                                + (g * reads * pull + pushed) * transport.worker_cpu_byte)
     return spent
+
+
+def _collective_cpu(variables: List[VariableStats], methods: List[Method], workers: int,
+                    transport: Transport) -> float:
+    """A worker's CPU for a step's allreduces and allgathers, each message and byte at the
+    transport's cost at both ends (TensorFlow's collectives go through its gRPC as a server's
+    pulls do; Horovod's gloo is taken to cost as much). The allreduced gradients go in one
+    buffer (Horovod's fusion, the TensorFlow collectives' buckets): one ring of 2(N-1)
+    messages, of 2w(N-1)/N bytes in all; each allgather is a ring of N-1 messages of its
+    peers' rows."""
+    if workers == 1:
+        return 0.0
+    count, nbytes = 0, 0.0
+    allreduced = sum(var.nbytes for var, m in zip(variables, methods) if m.how == ALLREDUCE)
+    if allreduced:
+        count, nbytes = 2 * (workers - 1), 2 * allreduced * (workers - 1) / workers
+    for var, method in zip(variables, methods):
+        if method.how == ALLGATHER:
+            count += workers - 1
+            nbytes += (workers - 1) * var.rows * (var.row_bytes + var.index_bytes)
+    return (count * (transport.worker_cpu_message + transport.server_cpu_message)
+            + nbytes * (transport.worker_cpu_byte + transport.server_cpu_byte))
 
 
 def cpu_floor(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,

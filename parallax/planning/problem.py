@@ -69,6 +69,7 @@ class Problem:
     unique_pulls: bool = True
     untimed: Optional[str] = None  # why the plans cannot take turns on the cluster
     transport: Optional[Transport] = None  # TensorFlow's gRPC, as probed; None: not priced
+    trial_margin: Optional[float] = None  # Config.trial_margin
 
     @property
     def priced(self) -> Dict[str, bool]:

@@ -73,8 +73,9 @@ def propose(problem: Problem, alternatives: bool = True) -> Proposal:
     proposal = Proposal(methods, stats, staged, partitions, splits, whole,
                         predicted(problem, methods, stats, staged))
     if alternatives and unsure(problem, proposal) and not problem.untimed:
+        trusted = TRUSTED_MARGIN if problem.trial_margin is None else problem.trial_margin
         for alternative in _alternatives(problem, proposal, shards):
-            beyond = alternative.step > proposal.step * (1 + TRUSTED_MARGIN)
+            beyond = alternative.step > proposal.step * (1 + trusted)
             (proposal.beyond_error if beyond else proposal.alternatives).append(alternative)
     return proposal
 
@@ -122,10 +123,10 @@ def fastest(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict
 
 
 def _step(problem: Problem, choice: Dict[str, Method], staged: bool) -> float:
-    """What the search compares plans by: their communication; where the transport was
-    probed, the whole predicted step, whose CPU floor prices each message and byte."""
-    if problem.transport is not None:
-        return predicted(problem, choice, problem.variables, staged)
+    """What the search compares plans by: their communication. The transport's CPU (the
+    cores term) prices the predicted step, and AUTO's trials time the rules' plans it makes
+    look faster; it does not decide the search until it is checked against jobs
+    (benchmarks/prediction_check.py)."""
     return cost.step_time(choice, problem.variables, problem.shape, problem.links,
                           hierarchical_allreduce=staged, **problem.priced)
 
@@ -163,7 +164,7 @@ def search(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict[
     best = dict(beam[0][0])
     # The beam keeps partial plans that look fast alone: it can drop the tables that balance
     # only together (4 shards on 4 servers, each alone predicted slower than an allgather),
-    # and, ranked by bytes, the plan of fewer messages that the cores prefer.
+    # or every table allgathered.
     rules = [rule_methods(problem, shard_counts, hows)]
     if not hows:
         rules.append({name: Method(rule("AR", var.sparse)) for name, var in

@@ -345,6 +345,9 @@ def _parser():
                         help="the chief's checkpoints (CheckpointConfig) in OUT/ckpt/CONFIG")
     parser.add_argument("--trial-steps", type=int, default=parallax.Config.trial_steps,
                         help="Config(trial_steps=N): AUTO's steps with each plan it times")
+    parser.add_argument("--trial-margin", type=float,
+                        help="Config(trial_margin=F): the rules' plans predicted slower by more "
+                        "than F are not timed")
     parser.add_argument("--rejoin-horovod", action="store_true",
                         help="the second config's runner in machine stages (joining Horovod "
                         "again with the process sets), then Horovod left, as after AUTO's "
@@ -378,7 +381,7 @@ def config_of(args):
         search_partitions=args.search_partitions,
         split_variables=True if args.split_variables else None,
         hierarchical_allreduce=True if args.hierarchical_allreduce else None,
-        trial_steps=args.trial_steps,
+        trial_steps=args.trial_steps, trial_margin=args.trial_margin,
         ps_config=parallax.PSConfig(**{option: False for option in args.ps_off}),
         collectives=args.collectives)
 
