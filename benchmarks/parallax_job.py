@@ -74,7 +74,7 @@ def main():
 
 def trials(runner) -> dict:
     """AUTO's trials as the chief timed them (parallax/runtime/trials.py): each plan's
-    predicted and measured step (the mean of its rounds, and each round's), whether it was
+    predicted and measured step (the median of its turns, and each turn's), whether it was
     timed without Horovod and kept, and what the
     trials cost besides their steps; nothing for a job that timed no plans."""
     candidates = getattr(runner, "candidates", None)
@@ -85,7 +85,7 @@ def trials(runner) -> dict:
         return None if seconds is None else seconds * 1e3
     return {"trials": [{"plan": c.name, "predicted_ms": ms(c.predicted),
                         "measured_ms": ms(c.measured),
-                        "rounds_ms": [ms(seconds) for seconds in c.rounds],
+                        "turns_ms": [ms(seconds) for seconds in c.turns],
                         "without_horovod": c.quiet,
                         "kept": c.runner is runner.current} for c in candidates],
             "trials_overhead_seconds": dict(runner.overhead)}

@@ -8,7 +8,7 @@ step_time_vs_rate.png in OUT compare them.
     python benchmarks/run.py [--hosts 2] [--workers-per-host 2] [--rate 100mbit [...]]
                              [--workloads cnn cnn-bn lm lm-whole nmt tags] [--systems ...]
                              [--no-ablation]
-                             [--no-straggler] [--predict]
+                             [--no-straggler] [--predict | --only-predict]
                              [--out benchmarks/results]
 """
 from __future__ import annotations
@@ -302,6 +302,8 @@ def main():
     parser.add_argument("--predict", action="store_true",
                         help="also what python -m parallax.plan predicts of each run option "
                         "(OUT/plan-WORKLOAD.json; prediction_check.py compares)")
+    parser.add_argument("--only-predict", action="store_true",
+                        help="the predictions alone, into the folders of an earlier run")
     parser.add_argument("--out", default=os.path.join(BENCH, "results"))
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--window", type=int, default=10)
@@ -327,6 +329,8 @@ def main():
         out = args.out if len(args.rate) == 1 else os.path.join(args.out, rate)
         os.makedirs(out, exist_ok=True)
         results = _run_at(rate, args, setup, out)
+        if args.only_predict:
+            continue
         transform = transform or _transform_time()  # the rate does not change it
         summary = {"transform": transform, "hosts": args.hosts,
                    "workers_per_host": args.workers_per_host, "cores": os.cpu_count(),
@@ -357,8 +361,10 @@ def _run_at(rate: str, args, base_setup: Setup, out: str) -> List[dict]:
     try:
         for workload in args.workloads:
             setup = base_setup.for_workload(workload)
-            if args.predict:
+            if args.predict or args.only_predict:
                 predict(setup, workload, out, args.timeout)
+            if args.only_predict:
+                continue
             results.append(run_job("single", _single, setup, workload, out, args.timeout))
             jobs = {name: EVERY_JOB[name] for name in args.systems}
             if not args.no_ablation and workload in ABLATION_WORKLOADS:

@@ -24,7 +24,6 @@ from parallax import contracts
 from parallax.cluster import Cluster
 from parallax.config import RuntimeOptions
 from parallax.errors import ParallaxError
-from parallax.planning import transport_probe
 from parallax.planning.cost import Transport
 from parallax.runtime import input_check
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
@@ -67,15 +66,16 @@ def probe_links(resources: str, settings: Settings) -> Tuple[Optional[dict], Opt
 
 
 def probe_transport(resources: str, settings: Settings) -> Optional[Transport]:
-    """What TensorFlow's transport costs between the first two machines (within the first,
-    for a job of one machine): planning.transport_probe; None for a probe that fails, which
-    is logged."""
+    """What TensorFlow's transport costs within the first machine and between the first two
+    (planning/transport_probe.py); None for a probe that fails, which is logged."""
+    # Imported here: `python -m` runs the probe, which the package must not have imported.
+    from parallax.planning import transport_probe  # pylint: disable=import-outside-toplevel
     hosts = load_resources(resources)
-    client, server = hosts[0].name, hosts[min(1, len(hosts) - 1)].name
+    second = hosts[1].name if len(hosts) > 1 else None
     try:
-        return transport_probe.probe(client, server, _remote_shell(resources, settings))
+        return transport_probe.probe(hosts[0].name, second, _remote_shell(resources, settings))
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
-        log.warning("the transport probe between %s and %s failed (%s)", client, server, error)
+        log.warning("the transport probe on %s failed (%s)", resources, error)
         return None
 
 

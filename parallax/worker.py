@@ -21,7 +21,6 @@ from parallax.errors import ParallaxError
 from parallax.partitioner import check_counts
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.describe import describe
-from parallax.planning import trials as policy
 from parallax.planning.plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
 from parallax.rewriting.passes import on_grpc_servers
@@ -154,7 +153,6 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
         join()
     if runtime.export_graph_path and cluster.is_chief:
         _export_graph(user_graph, runtime.export_graph_path, "single_device")
-    plans = policy.order(plans)
     verify_run = contracts.read_verify_run()
     recorder = (recording.Recorder(verify_run, cluster.worker_id)
                 if verify_run is not None else None)  # one for all the plans AUTO times

@@ -1,32 +1,33 @@
-"""A short probe of TensorFlow's gRPC transport between two machines, as the parameter-server
-path uses it: a worker's pulls and pushes of a small and of a large tensor from and to a
-server's variable, and a push of rows into a table (what a server aggregates and applies),
-each timed on the wall and in both processes' CPU. The cost model prices what the link probe
+"""A short probe of TensorFlow's gRPC transport, as the parameter-server path uses it: a
+worker's pulls and pushes of a small and of a large tensor from and to a server's variable,
+and a push of rows into a table (what a server aggregates and applies), each timed on the
+wall and, within a machine, in both processes' CPU. The cost model prices what the link probe
 (runner/link_probe.py) cannot see: the cost of each message beyond the link's latency, and the
 CPU each message, byte and row takes at both ends, which on shared cores is the step's bound.
 
     python -m parallax.planning.transport_probe serve HOST
-        a server (TensorFlow's, job "ps") on HOST; prints its port; then, for each line "mark"
-        on its input, its process's CPU seconds so far; it ends when its input does
-    python -m parallax.planning.transport_probe measure HOST SERVER
-        the worker on HOST, of the server's port given on its first input line (both start
-        TensorFlow at once); before each phase it prints "ready NAME" and waits for a line,
-        after it "done NAME WALL CPU" (medians and means a run, seconds), then "end"
+        a server (TensorFlow's, job "ps") on HOST; prints its port and its process id, and
+        serves until it is stopped (or TIMEOUT_SECONDS)
+    python -m parallax.planning.transport_probe measure HOST SERVER PORT [PID]
+        the worker on HOST; prints, as JSON, per phase (wall, its CPU, the server's CPU)
+        seconds a run: the server's read from its process PID, where it runs on this machine
 
-`probe(client, server, shell)` runs both (over ssh where they are not this machine), takes
-the server's CPU around each phase, and returns a Transport. TensorFlow's server listens on
-every interface (docs/security.md) for the probe's few seconds; it serves one variable.
+`probe(first, second, shell)` runs them (over ssh where they are not this machine) and returns
+a Transport: the CPU of each message, byte and row as measured within `first`, the message's
+wall time between the two. TensorFlow's server listens on every interface (docs/security.md)
+for the probe's seconds; it serves one variable and a table.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from parallax.planning.cost import Transport
 from runner.resources import is_local
@@ -39,23 +40,30 @@ TIMEOUT_SECONDS = 120
 PHASES = ("local", "pull", "push", "pull-large", "push-large", "rows")
 
 
+def probe(first: str, second: Optional[str], shell) -> Transport:
+    """What TensorFlow's transport costs between the machines `first` and `second` (names of
+    the resources; None: a job of one machine)."""
+    within = _terms(_run(first, first, shell))
+    if second is None:
+        return within
+    return dataclasses.replace(within,
+                               message_seconds=_terms(_run(first, second, shell)).message_seconds)
+
+
 def serve(host: str) -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     port = _free_port(host)
     tf.compat.v1.train.Server(tf.train.ClusterSpec({"ps": [f"{host}:{port}"]}),
                               job_name="ps", task_index=0)
-    print(port, flush=True)
-    threading.Timer(TIMEOUT_SECONDS, lambda: _exit(2)).start()
-    for line in sys.stdin:
-        if line.strip() == "mark":
-            print(time.process_time(), flush=True)
-    _exit(0)
+    print(port, os.getpid(), flush=True)
+    time.sleep(TIMEOUT_SECONDS)
+    _exit(2)
 
 
-def measure(host: str, server: str) -> None:
+def measure(host: str, server: str, port: int, server_pid: Optional[int]) -> None:
+    import psutil  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf.compat.v1.disable_eager_execution()
-    port = int(sys.stdin.readline())
     me = f"{host}:{_free_port(host)}"
     worker = tf.compat.v1.train.Server(tf.train.ClusterSpec({"probe": [me]}),
                                        job_name="probe", task_index=0)
@@ -66,14 +74,15 @@ def measure(host: str, server: str) -> None:
         initialize = tf.compat.v1.global_variables_initializer()
     config = tf.compat.v1.ConfigProto(cluster_def=cluster.as_cluster_def(),
                                       operation_timeout_in_ms=TIMEOUT_SECONDS * 1000)
+    served = psutil.Process(server_pid) if server_pid else None
+    measured = {}
     with tf.compat.v1.Session(worker.target, graph=graph, config=config) as session:
         session.run(initialize)
         for name in PHASES:
-            print(f"ready {name}", flush=True)
-            sys.stdin.readline()
+            before = _cpu(served)
             wall, cpu = _timed(session, phases[name])
-            print(f"done {name} {wall} {cpu}", flush=True)
-    print("end", flush=True)
+            measured[name] = (wall, cpu, (_cpu(served) - before) / RUNS)
+    print(json.dumps(measured), flush=True)
 
 
 def _phases(tf) -> Dict[str, object]:
@@ -113,49 +122,53 @@ def _timed(session, op) -> Tuple[float, float]:
     return statistics.median(walls), (time.process_time() - started) / RUNS
 
 
-def probe(client_host: str, server_host: str, shell) -> Transport:
-    """What TensorFlow's transport from `client_host` to `server_host` costs (two names of
-    the resources; one name: within a machine)."""
+def _cpu(process) -> float:
+    """A process's CPU seconds so far, its threads', or 0 unknown: from Linux's schedstat of
+    each thread (nanoseconds), where the process's user and system times count whole ticks
+    (10 ms, more than a phase's message)."""
+    if process is None:
+        return 0.0
+    try:
+        return sum(_on_cpu(f"/proc/{process.pid}/task/{thread.id}/schedstat")
+                   for thread in process.threads()) / 1e9
+    except (OSError, ValueError):
+        times = process.cpu_times()
+        return times.user + times.system
+
+
+def _on_cpu(schedstat: str) -> int:
+    with open(schedstat, encoding="ascii") as stat:
+        return int(stat.read().split()[0])
+
+
+def _run(client_host: str, server_host: str, shell) -> Dict[str, Tuple[float, float, float]]:
+    """Per phase: (wall, the worker's CPU, the server's CPU) seconds a run; the server's CPU
+    is 0 where it runs on another machine."""
     server = subprocess.Popen(_command(server_host, ["serve", server_host], shell),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    client = subprocess.Popen(_command(client_host, ["measure", client_host, server_host], shell),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        _start(server, server_host)
-        _start(client, client_host)
-        port = server.stdout.readline().strip()
-        if not port.isdigit():
+        if not is_local(server_host):  # runner.remote_exec: its environment first
+            server.stdin.write(environment_line({}).decode())
+            server.stdin.flush()
+        started = server.stdout.readline().split()
+        if len(started) != 2 or not all(word.isdigit() for word in started):
             raise RuntimeError(f"the transport probe could not start on {server_host}")
-        client.stdin.write(f"{port}\n")
-        client.stdin.flush()
-        return _terms(_conversation(server, client))
+        port, pid = started
+        done = subprocess.run(
+            _command(client_host, ["measure", client_host, server_host, port]
+                     + ([pid] if client_host == server_host else []), shell),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=2 * TIMEOUT_SECONDS)
+        if done.returncode != 0:
+            raise RuntimeError(f"the transport probe from {client_host} to {server_host} "
+                               f"failed: {done.stderr.strip().splitlines()[-1:]}")
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        if set(measured) != set(PHASES):
+            raise RuntimeError(f"the transport probe measured {sorted(measured)}")
+        return {name: tuple(values) for name, values in measured.items()}
     finally:
-        for process in (client, server):
-            process.kill()
-            process.wait()
-
-
-def _conversation(server, client) -> Dict[str, Tuple[float, float, float]]:
-    """Per phase: (wall, the worker's CPU, the server's CPU) seconds a run."""
-    measured, marked = {}, 0.0
-
-    def mark() -> float:
-        server.stdin.write("mark\n")
-        server.stdin.flush()
-        return float(server.stdout.readline())
-    for line in client.stdout:
-        words = line.split()
-        if words[:1] == ["ready"]:
-            marked = mark()
-            client.stdin.write("go\n")
-            client.stdin.flush()
-        elif words[:1] == ["done"]:
-            measured[words[1]] = (float(words[2]), float(words[3]), (mark() - marked) / RUNS)
-        elif words[:1] == ["end"]:
-            break
-    if set(measured) != set(PHASES):
-        raise RuntimeError(f"the transport probe ended after {sorted(measured)}")
-    return measured
+        server.kill()
+        server.wait()
 
 
 def _terms(phases: Dict[str, Tuple[float, float, float]]) -> Transport:
@@ -178,15 +191,13 @@ def _terms(phases: Dict[str, Tuple[float, float, float]]) -> Transport:
                      server_cpu_byte=server_byte, server_cpu_row=server_row)
 
 
-def _start(process, host: str) -> None:
-    if not is_local(host):  # runner.remote_exec: its environment first
-        process.stdin.write(environment_line({}).decode())
-        process.stdin.flush()
-
-
 def _command(host: str, args: List[str], shell) -> List[str]:
+    """The server runs under runner.remote_exec (stopped when its ssh goes); the worker ends
+    by itself."""
     words = [sys.executable, "-m", "parallax.planning.transport_probe", *args]
-    return words if is_local(host) else shell.command(host, words, None)
+    if is_local(host):
+        return words
+    return shell.command(host, words, None) if args[0] == "serve" else shell.oneshot(host, words)
 
 
 def _free_port(host: str) -> int:
@@ -197,15 +208,15 @@ def _free_port(host: str) -> int:
 
 def _exit(status: int) -> None:
     sys.stdout.flush()
-    import os  # pylint: disable=import-outside-toplevel
     os._exit(status)  # TensorFlow's server threads would keep the process
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"] and len(sys.argv) == 3:
         serve(sys.argv[2])
-    elif sys.argv[1:2] == ["measure"] and len(sys.argv) == 4:
-        measure(sys.argv[2], sys.argv[3])
+    elif sys.argv[1:2] == ["measure"] and len(sys.argv) in (5, 6):
+        measure(sys.argv[2], sys.argv[3], int(sys.argv[4]),
+                int(sys.argv[5]) if len(sys.argv) == 6 else None)
         _exit(0)
     else:
         sys.exit(__doc__)

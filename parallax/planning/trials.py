@@ -2,47 +2,44 @@
 times take turns on the cluster, which one it keeps, and how far the cost model's predictions
 were from their measured steps there. Plain values, no TensorFlow; runtime/trials.py runs it.
 
-Each plan first trains a third of its steps untimed, in turn (a plan's first steps are slower:
-its session's first runs and more); then the plans take TIMED_TURNS turns of timed steps in
-alternation, A B C A B C A B C, so that none pays for being first and a drift of the machine
-weighs on all alike; each counts the median of its turns."""
+The plans take two passes over the job's training steps, the second in the reverse order
+(A B C, C B A): in the first each plan warms up (a third of its steps, untimed: a plan's first
+steps are slower, its session's first runs and more), then is timed; in the second it is timed
+again. So no plan pays for being first, a drift of the machine weighs on all alike, and a
+switch, which carries the whole state from one plan to the next (at 100 Mbit, seconds for
+`lm`), happens 2(n-1) times; each plan counts the mean of its turns."""
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import List, Optional, Sequence, TypeVar
+from typing import List, Optional, Sequence
 
-TIMED_TURNS = 3
-T = TypeVar("T")
+TIMED_TURNS = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class Turn:
-    index: int  # the plan's, in the trials' order
+    index: int  # the plan's: 0 the cost model's choice, then the alternatives
     steps: int
     timed: bool
 
 
-def order(plans: Sequence[T]) -> List[T]:
-    """The trials' order of [the cost model's choice, alternatives...]: the alternatives first
-    and the choice last, so that where it wins (on slow links, where moving the state costs
-    most) the training goes on with it without another switch."""
-    return list(plans[1:]) + list(plans[:1])
-
-
 def schedule(plans: int, steps: int) -> List[Turn]:
-    """Each plan's warm-up (a third of `steps`, at least one), in turn, then TIMED_TURNS
-    rounds of the rest in alternation."""
+    """Each plan's warm-up (a third of `steps`, at least one) and first timed turn, in turn,
+    then its second timed turn, in the reverse order: the cost model's choice (0) last, so
+    that where it wins (on slow links, where moving the state costs most) the training goes
+    on with it without another switch."""
     warm = max(1, steps // 3)
     timed = max(1, (steps - warm) // TIMED_TURNS)
-    return ([Turn(index, warm, False) for index in range(plans)]
-            + [Turn(index, timed, True) for _ in range(TIMED_TURNS) for index in range(plans)])
+    first = [turn for index in range(plans)
+             for turn in (Turn(index, warm, False), Turn(index, timed, True))]
+    return first + [Turn(index, timed, True) for index in reversed(range(plans))]
 
 
 def measured(turns: Sequence[float]) -> float:
-    """A plan's step: the median of its turns' median steps (one disturbed turn does not
-    decide)."""
-    return statistics.median(turns)
+    """A plan's step: the mean of its turns' median steps (one early, one late in the
+    trials, so that a steady drift of the machine weighs on every plan alike)."""
+    return statistics.mean(turns)
 
 
 def keep(steps: Sequence[float]) -> int:

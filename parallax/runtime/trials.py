@@ -104,8 +104,9 @@ class TrialRunner(ParallaxRunner):
 
     def describe(self) -> str:
         lines = [self.current.describe(), "trials on the cluster (Config.trial_steps="
-                 f"{self._trial_steps}: a third untimed, then {policy.TIMED_TURNS} turns in "
-                 "alternation, the median of the turns' median steps; building the other "
+                 f"{self._trial_steps}: a third untimed, then {policy.TIMED_TURNS} timed turns, "
+                 "the second pass in the reverse order, the mean of the turns' median "
+                 "steps; building the other "
                  f"plans took {self.overhead['build']:.1f} s, switching "
                  f"{self.overhead['switch']:.1f} s):"]
         ratio = self._model_ratio()
@@ -150,13 +151,14 @@ class TrialRunner(ParallaxRunner):
             self._candidates[turn.index].turns.append(statistics.median(self._times))
         self._times = []
         self._turn += 1
-        self._join_if_left()
         if self._turn < len(self._turns):
             following = self._turns[self._turn].index
-            if following != self._index:
+            if following != self._index:  # the collectives for the switch, then left again
+                self._join_if_left()
                 self._switch(following)
-            self._leave_if_idle()
+                self._leave_if_idle()
             return
+        self._join_if_left()
         agreed = self._agree(np.array([policy.measured(c.turns) for c in self._candidates],
                                       np.float64))
         for candidate, seconds in zip(self._candidates, agreed):
