@@ -162,7 +162,7 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
                 for plan in plans[1:]]
     build_seconds = time.perf_counter() - started
     if cluster.is_chief:
-        log.info("%s", runners[-1].describe())
+        log.info("%s", runners[0].describe())  # the cost model's choice
 
     def leave_unless_used(plan: Plan) -> None:
         """Leave the collectives once the runner of `plan` is ready, if neither its steps nor

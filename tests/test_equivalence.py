@@ -315,8 +315,8 @@ def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkey
     touched rows only, as on one device); one read a little goes to a parameter server. Either
     plan is timed on the cluster against the embedding allgathered and every variable on
     servers (and the allreduced one against the embedding on a server too;
-    Config.trial_steps=3: a step each to warm up, then three turns of a step each in
-    alternation, then the fastest, of the 20 steps; trial_margin=inf: every rule's plan,
+    Config.trial_steps=3: a step each to warm up and one timed, then one more in the reverse
+    order, then the fastest, of the 20 steps; trial_margin=inf: every rule's plan,
     whatever the cost model predicts of it; every variable on servers without Horovod,
     as it would run once kept): the training goes on across the plan changes, and every
     variable ends as on one device."""
@@ -338,7 +338,7 @@ def test_auto_chooses_by_measured_rows_and_equals_single_device(tmp_path, monkey
     assert "AR's rule" in timed[0] and "PS's rule" in timed[0], timed
     assert ("HYBRID's rule" in timed[0]) is dense_ids, timed
     # every variable on servers: timed without Horovod, as it runs once kept (Quiet)
-    assert re.search(r"PS's rule [0-9.]+ ms a step \(turns [0-9.]+, [0-9.]+, [0-9.]+\) "
+    assert re.search(r"PS's rule [0-9.]+ ms a step \(turns [0-9.]+, [0-9.]+\) "
                      r"\(predicted [0-9.]+\) without Horovod;", timed[0]), timed
     assert timed[0].count("(turns ") == timed[0].count(" ms a step"), timed
     assert "; kept " in timed[0], timed
