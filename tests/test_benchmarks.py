@@ -430,4 +430,5 @@ def test_the_prediction_check_gives_each_rates_median_error_and_the_pairs_ranked
     assert "| 100mbit | 2 x 2 | lm | parallax-ar | 90.0 | 100.0 | -10% | cores |" in said
     assert "- 100mbit: median |error| 10% (median +8%, 3 jobs; target 15%)" in said
     assert "- 10gbit: median |error| 38% (median -38%, 2 jobs; target 15%)" in said
-    assert "pairs measured more than 15% apart: 4, ranked wrong by the prediction: 1" in said
+    assert ("pairs of Parallax's plans measured more than 15% apart: 4, ranked wrong by the "
+            "prediction: 1") in said

@@ -178,6 +178,15 @@ def search(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict[
     return best
 
 
+def _split_step(problem: Problem, choice: Dict[str, Method], staged: bool) -> float:
+    """What a split is weighed by: where the transport was probed, the whole predicted step,
+    as a split multiplies a table's messages, which only the transport's terms price; else
+    communication, as the search."""
+    if problem.transport is None:
+        return _step(problem, choice, staged)
+    return predicted(problem, choice, problem.variables, staged)
+
+
 def _choose_splits(problem: Problem, counts, hows, whole_plan):
     """The plan (methods, machine stages) with the variables the user did not partition split
     where the rating predicts it pays (with problem.split True, every one a server holds, over
@@ -198,7 +207,7 @@ def _choose_splits(problem: Problem, counts, hows, whole_plan):
     with_splits = fastest(problem, {**counts, **more}, hows)
     splits = {name: len(with_splits[0][name].servers) for name in more
               if len(with_splits[0][name].servers) > 1}
-    pays = splits and _step(problem, *with_splits) * (1 + SPLIT_MARGIN) < _step(
+    pays = splits and _split_step(problem, *with_splits) * (1 + SPLIT_MARGIN) < _split_step(
         problem, *whole_plan)
     if splits and (problem.split or pays):
         return with_splits, splits, whole
