@@ -53,13 +53,11 @@ def answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     else:
         inside = (cost.Links(query.inside_bandwidth, query.inside_latency or 0.0)
                   if query.inside_bandwidth else None)
-        with concurrent.futures.ThreadPoolExecutor(1) as background:  # on this machine
-            transport = background.submit(launch.probe_transport, "localhost",
-                                          config.launch_settings)
-            measured = measure(graph, analysis, [query.workers_per_machine] * query.machines,
-                               cost.Links(query.bandwidth, query.latency), inside,
-                               Cores(query.cores or os.cpu_count() or 1))
-            measured.transport = transport.result()
+        measured = _measured_with_transport(
+            graph, analysis, "localhost", config.launch_settings,  # the transport of this machine
+            [query.workers_per_machine] * query.machines,
+            cost.Links(query.bandwidth, query.latency), inside,
+            Cores(query.cores or os.cpu_count() or 1))
 
     def answered(measured: Measurements, fed_batch: Optional[int] = None) -> NoReturn:
         batch, unknown = ((query.batch or fed_batch, None) if query.batch or fed_batch
@@ -162,10 +160,18 @@ def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
     workers_per_machine = launch.workers_per_machine(resources)
     # Whether machines share a kernel, the link between two tells; within one, only its cores.
     machines = links["machines"] if links else within["machines"][:1] if within else None
-    with concurrent.futures.ThreadPoolExecutor(1) as background:  # its processes, meanwhile
+    return _measured_with_transport(
+        graph, analysis, resources, settings, workers_per_machine, _links(links),
+        _links(within), Cores.of(machines, len(workers_per_machine)) if machines else None)
+
+
+def _measured_with_transport(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
+                             settings: Settings, *shape) -> Measurements:
+    """measure(graph, analysis, *shape), with the transport of `resources` probed meanwhile
+    (its processes wait on each other more than they compute)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as background:
         transport = background.submit(launch.probe_transport, resources, settings)
-        measured = measure(graph, analysis, workers_per_machine, _links(links), _links(within),
-                           Cores.of(machines, len(workers_per_machine)) if machines else None)
+        measured = measure(graph, analysis, *shape)
         measured.transport = transport.result()
     return measured
 

@@ -21,6 +21,7 @@ import tempfile
 from typing import List, Optional, Sequence, Tuple
 
 from parallax import contracts, script_command
+from parallax.planning import explanation
 
 NOT_ANSWERED = 2
 _RATE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|b)(?:/?s|ps)?\s*$", re.I)
@@ -62,7 +63,8 @@ def text(answer: dict, script: str) -> str:
     cluster, terms, plans = answer["cluster"], answer["terms"], answer["plans"]
     link = cluster["link"]
     lines = [f"{script} on {cluster['machines']} machines x {cluster['workers_per_machine']} "
-             f"workers, links {_rate(link['bandwidth'])} and {link['latency'] * 1e6:.3g} us a "
+             f"workers, links {explanation.rate(link['bandwidth'])} and "
+             f"{link['latency'] * 1e6:.3g} us a "
              f"message ({'measured' if cluster['link_measured'] else 'given'}), "
              f"{cluster['cores']['per_machine']} cores a machine"]
     if "unmeasured" in terms:
@@ -144,11 +146,6 @@ def _bytes(count: float) -> str:
         if count >= size:
             return f"{count / size:.3g} {unit}"
     return f"{count:.0f} B"
-
-
-def _rate(bytes_per_second: float) -> str:
-    bits = bytes_per_second * 8
-    return f"{bits / 1e9:.3g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.3g} Mbit/s"
 
 
 def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, str, List[str]]:

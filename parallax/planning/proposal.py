@@ -60,8 +60,7 @@ def propose(problem: Problem, alternatives: bool = True) -> Proposal:
     if problem.unmeasured:
         return by_rule(problem)
     hows = fixed_hows(problem)
-    counts = {p.name: range(p.min_shards, max(p.min_shards, problem.shape.machines) + 1)
-              for p in problem.partitions}
+    counts = _partition_counts(problem)
     chosen, staged = fastest(problem, counts, hows)
     splits, whole = {}, dict(problem.whole)
     if problem.split is not False:
@@ -88,6 +87,13 @@ def unsure(problem: Problem, proposal: Proposal) -> bool:
     return problem.run_option == "AUTO" and (
         any(m.how == PS for m in proposal.methods.values())
         or any(var.sparse for var in problem.variables.values()))
+
+
+def _partition_counts(problem: Problem) -> Dict[str, range]:
+    """The shard counts the search may give each get_partitioner variable: from its least
+    to the number of machines."""
+    return {p.name: range(p.min_shards, max(p.min_shards, problem.shape.machines) + 1)
+            for p in problem.partitions}
 
 
 def predicted(problem: Problem, methods: Dict[str, Method], stats: Dict[str, VariableStats],
@@ -237,8 +243,7 @@ def _alternatives(problem: Problem, proposal: Proposal, shards: Dict[str, int]
     """The rules' plans with the proposal's shards, where they differ from it: a rule that
     would put on a server a variable the gradients wait for is none."""
     fixed = {name: range(count, count + 1) for name, count in shards.items()}
-    counts = {p.name: range(p.min_shards, max(p.min_shards, problem.shape.machines) + 1)
-              for p in problem.partitions}
+    counts = _partition_counts(problem)
     found = []
     for run_option in RULES:
         hows = {name: rule(run_option, var.sparse) for name, var in problem.variables.items()}
