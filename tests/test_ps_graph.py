@@ -376,3 +376,23 @@ def test_a_table_allreduced_as_dense_carries_its_norm_only_where_the_model_clips
             if op.inputs[0].name.startswith("parallax_")]
     assert rows == [equivalence.VOCAB + norm_row]  # the other allreduces, the dense gradients
     assert len(allreduces) > 1 and len({op.get_attr("reduce_op") for op in allreduces}) == 1
+
+
+def test_a_table_of_scalars_allreduced_as_dense_keeps_its_rows_scalars():
+    """A bias gathered by ids (lm's softmax bias): its rows have no shape of their own."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.constant([[1, 3], [3, 0]], tf.int64)
+        bias = tf.compat.v1.get_variable("bias", [10], initializer=tf.zeros_initializer())
+        loss = tf.reduce_sum(tf.square(tf.gather(bias, ids) - 1.0))
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+    analysis = analyze(graph)
+    methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
+    plan = make_plan(analysis, PlanOptions(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
+                     decision=Decision(methods=methods, stats={}, note="",
+                                       machine_stages=False))
+    assert plan.variables["bias"].sync is Sync.ALLREDUCE
+    transformed = transform(graph, plan)
+    aggregated = [transformed.get_tensor_by_name(record.aggregated)
+                  for record in contracts.read_aggregates(transformed)]
+    assert [t.shape.as_list() for t in aggregated if t.dtype == tf.float32] == [[None]]

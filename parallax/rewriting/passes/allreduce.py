@@ -133,9 +133,10 @@ def _aggregate_sparse_as_dense(graph, record, average, var_plan, plan, collectiv
         norm = reduced[rows, -1] if carries_norm else None
         if average and carries_norm:  # a norm of the mean: the sum's over N squared
             norm = norm / tf.cast(plan.cluster.num_workers, values.dtype)
-        row_shape = (values.shape[1:].as_list() if values.shape[1:].is_fully_defined()
-                     else tf.shape(values)[1:])
-        new_values = tf.reshape(aggregated, tf.concat([[-1], row_shape], 0))
+        if values.shape[1:].is_fully_defined():  # [] for a table of scalars (a bias)
+            new_values = tf.reshape(aggregated, [-1] + values.shape[1:].as_list())
+        else:
+            new_values = tf.reshape(aggregated, tf.concat([[-1], tf.shape(values)[1:]], 0))
         new_indices = tf.cast(touched, indices.dtype)
     for old, new in ((values, new_values), (indices, new_indices)):
         reroute(old, new, consumers[old])
