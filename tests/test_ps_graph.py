@@ -55,7 +55,7 @@ def _remote_sparse_sends(local_aggregation):
             name = queue.get_attr("shared_name").decode()
             if not name.startswith("parallax/grad/"):
                 continue
-            variable = name[len("parallax/grad/"):].rsplit("/", 1)[0]
+            variable = name[len("parallax/grad/"):].rsplit("/", 2)[0]  # /<index>/from<p>
             if not plan.variables[variable].variable.is_sparse:
                 continue
             source = _machine(op.inputs[1].op.device)

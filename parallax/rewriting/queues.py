@@ -16,6 +16,14 @@ def shared_queue(parts, name, device):
                                   shared_name=f"parallax/{name}", name=name.replace("/", "_"))
 
 
+def producer_queues(parts, name, device, producers):
+    """A queue for each producer of a step's items (a worker, or a machine's sum): the taker
+    reads them in the producers' order, so that a sum is added up in the same order in every
+    run, whichever item arrives first (float addition depends on its order)."""
+    return [shared_queue(parts, f"{name}/from{producer}", device)
+            for producer in range(producers)]
+
+
 def concat_slices(items):
     """The sum of IndexedSlices, (values, indices) concatenated; a third part, the norm share
     carried with rows summed by id (row_sums.py), is added up."""

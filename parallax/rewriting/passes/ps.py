@@ -16,7 +16,7 @@ from parallax import contracts, tf_private
 from parallax.vocabulary import FUNCTION_CALL_OPS, VARIABLE_OP_TYPES
 from parallax.contracts import GradientRecord
 from parallax.rewriting import local_aggregation, row_sums
-from parallax.rewriting.queues import concat_slices, shared_queue
+from parallax.rewriting.queues import concat_slices, producer_queues
 from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_can_be_summed, rows_unique_per_batch
 from parallax.planning.plan import Plan, Sync
@@ -76,17 +76,21 @@ def aggregate_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
                 parts = _gradient_parts(graph, record)
                 consumers = [list(t.consumers()) for t in parts]
                 pushed = _outgoing(parts, plan)
-                queue = shared_queue(pushed, f"grad/{key}", device)
-                machines = cluster.num_machines
-                if record.is_sparse and plan.ps_config.local_aggregation and machines > 1:
-                    push, producers = local_aggregation.push_through_machine(pushed, key, plan,
-                                                                            queue)
+                # One item a machine reaches the server (local aggregation), else a worker.
+                by_machine = (record.is_sparse and plan.ps_config.local_aggregation
+                              and cluster.num_machines > 1)
+                queues = producer_queues(pushed, f"grad/{key}", device,
+                                         cluster.num_machines if by_machine
+                                         else cluster.num_workers)
+                if by_machine:
+                    push = local_aggregation.push_through_machine(pushed, key, plan,
+                                                                  queues[cluster.machine])
                 else:
-                    push, producers = queue.enqueue(pushed), cluster.num_workers
+                    push = queues[cluster.worker_id].enqueue(pushed)
                 one_row_per_id = (record.is_sparse
                                   and rows_unique_per_batch(parts[1]))
                 with tf.device(device):
-                    aggregated = _aggregate(queue, pushed, producers, push, var_plan.average,
+                    aggregated = _aggregate(queues, pushed, push, var_plan.average,
                                             one_row_per_id, key, cluster)
                 for old, new, old_consumers in zip(parts, aggregated, consumers):
                     reroute(old, new, old_consumers)
@@ -108,13 +112,13 @@ def _outgoing(parts, plan: Plan):
     return parts
 
 
-def _aggregate(queue, pushed, producers, own_push, average, one_row_per_id, key, cluster):
+def _aggregate(queues, pushed, own_push, average, one_row_per_id, key, cluster):
     """The step's aggregate: taken from the queue by the chief, which also stores it in mirror
     variables; read from those by the other workers. `one_row_per_id`: summed by id, as
     single-device training sees a gradient of unique ids (rows_unique_per_batch)."""
     mirrors = _mirror_variables(pushed, key)
     if cluster.is_chief:
-        aggregated = _take(queue, pushed, producers, own_push, average, cluster.num_workers)
+        aggregated = _take(queues, pushed, own_push, average, cluster.num_workers)
         if one_row_per_id:
             aggregated = row_sums.one_row_per_id(aggregated)
         # Whatever follows the aggregate follows its mirror's write: the release of the step.
@@ -136,13 +140,15 @@ def _gradient_parts(graph, record: GradientRecord):
     return [graph.get_tensor_by_name(name) for name in names]
 
 
-def _take(queue, parts, producers, own_push, average, num_workers):
-    """The chief's aggregate of every producer's item: summed (dense) or concatenated (sparse)."""
+def _take(queues, parts, own_push, average, num_workers):
+    """The chief's aggregate of every producer's item, in the producers' order: summed (dense)
+    or concatenated (sparse)."""
     with tf.control_dependencies([own_push]):
         if len(parts) == 1:
-            aggregated = [tf.reduce_sum(queue.dequeue_many(producers), axis=0)]
+            aggregated = [tf.reduce_sum(tf.stack([queue.dequeue() for queue in queues]),
+                                        axis=0)]
         else:
-            aggregated = concat_slices([queue.dequeue() for _ in range(producers)])
+            aggregated = concat_slices([queue.dequeue() for queue in queues])
     if average:
         aggregated[0] = aggregated[0] / tf.cast(num_workers, aggregated[0].dtype)
         if row_sums.carries_norm(aggregated):  # the norm share of rows scaled by 1/N
