@@ -40,6 +40,10 @@ def shard(dataset):
     tf.compat.v1.train.string_input_producer), which is shared out whole files each."""
     num_workers, worker_id = _count_and_id()
     if isinstance(dataset, tf.data.Dataset):
+        # A job resumed on another number of workers reads on where the combined batches of
+        # the checkpoint's job ended (runtime/input_position.py).
+        read = contracts.read_input_skip()
+        dataset = dataset.skip(read) if read else dataset
         return dataset if num_workers == 1 else dataset.shard(num_workers, worker_id)
     if isinstance(dataset, (list, tuple)) and all(isinstance(f, (str, bytes)) for f in dataset):
         files = list(dataset)[worker_id::num_workers]

@@ -145,6 +145,20 @@ def read_partition_counts() -> Dict[int, int]:
     return {int(call): count for call, count in json.loads(text).items()} if text else {}
 
 
+INPUT_SKIP_ENV = "PARALLAX_INPUT_SKIP"  # elements parallax.shard skips: a resume on N' workers
+
+
+def input_skip_env(elements: Optional[int]) -> Dict[str, str]:
+    return {INPUT_SKIP_ENV: str(int(elements))} if elements else {}
+
+
+def read_input_skip() -> Optional[int]:
+    """The elements of parallax.shard's dataset that the job being resumed read, when it ran
+    on another number of workers (input_position.Record.elements_read); None otherwise."""
+    text = _environ().get(INPUT_SKIP_ENV)
+    return None if text is None else int(text)
+
+
 # --- Graph collections: what capture, the passes and the runtime hand each other. ------------
 # JSON strings travel with the graph through a MetaGraphDef (graph_copy.py's copy); ops and
 # variables go by name; Python objects are read only in the graph that holds them.

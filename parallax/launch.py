@@ -25,7 +25,7 @@ from parallax.cluster import Cluster
 from parallax.config import RuntimeOptions
 from parallax.errors import ParallaxError
 from parallax.planning.cost import Transport
-from parallax.runtime import input_check
+from parallax.runtime import input_check, input_position
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
 from runner.control import ControlServer
 from runner.free_ports import free_ports
@@ -111,10 +111,12 @@ def run_driver(resources: str, settings: Settings, runtime: RuntimeOptions, with
     shell = _remote_shell(resources, settings)
     # Where the job's processes reach this machine (the rendezvous, the control plane).
     address = _address_towards(remote[0]) if remote else "127.0.0.1"
+    num_workers = sum(len(host.slots) for host in hosts)
     for attempt in range(settings.max_restarts + 1):
         try:
             _run_job(hosts, address, settings, runtime, shell, with_servers, collectives,
-                     attempt, job_env)
+                     attempt, {**job_env, **_input_skip(runtime.ckpt_config.ckpt_dir,
+                                                        num_workers)})
         except JobFailed as failure:
             say(str(failure))
             if failure.by_user or attempt == settings.max_restarts:
@@ -126,6 +128,13 @@ def run_driver(resources: str, settings: Settings, runtime: RuntimeOptions, with
                 time.sleep(GRACE_SECONDS)  # the same ports: let the last processes go
         else:
             _exit(0)
+
+
+def _input_skip(ckpt_dir: Optional[str], num_workers: int) -> Dict[str, str]:
+    """Where parallax.shard's input goes on, for a job that resumes a checkpoint of another
+    number of workers (runtime/input_position.py); read again at each attempt."""
+    _, record = input_position.resume_point(ckpt_dir)
+    return {} if record is None else contracts.input_skip_env(record.skip_for(num_workers))
 
 
 def say(text: str) -> None:

@@ -21,6 +21,7 @@ from parallax.errors import ParallaxError
 from parallax.partitioner import check_counts
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.describe import describe
+from parallax.planning.measure import input_batch
 from parallax.planning.plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
 from parallax.rewriting.passes import on_grpc_servers
@@ -184,8 +185,8 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
 
     def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
         if candidate.runner is not runners[0]:
-            candidate.runner.take_checkpointer(Checkpointer(
-                candidate.runner.transformed_graph, runtime.ckpt_config, cluster.is_chief))
+            candidate.runner.take_checkpointer(_checkpointer(
+                candidate.runner.transformed_graph, user_graph, runtime.ckpt_config, cluster))
         leave_unless_used(plans[runners.index(candidate.runner)][2])
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
@@ -228,9 +229,10 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
         process.collectives.configure(sess_config)
         target = process.server(sess_config).target
     session = tf.compat.v1.Session(target, graph=graph, config=sess_config)
-    checkpointer = Checkpointer(graph, runtime.ckpt_config if first else CheckpointConfig(),
-                                cluster.is_chief)
+    checkpointer = _checkpointer(graph, user_graph,
+                                 runtime.ckpt_config if first else CheckpointConfig(), cluster)
     _initialize(session, graph, cluster, checkpointer, broadcast=first)
+    checkpointer.begin(session, resumed=first)
     synchronization = {name: p.sync.value for name, p in plan.variables.items()}
     profiler = (Profiler(runtime.profile_config, cluster.worker_id, graph)
                 if runtime.profile_config and first else None)
@@ -238,6 +240,12 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
                           cluster.worker_id, describe(plan), checkpointer,
                           analysis.training_writes, heartbeat, synchronization, profiler,
                           check_input=runtime.warn_unsharded_input, recorder=recorder)
+
+
+def _checkpointer(graph: tf.Graph, user_graph: tf.Graph, config: CheckpointConfig,
+                  cluster) -> Checkpointer:
+    return Checkpointer(graph, user_graph, config, cluster.num_workers, cluster.worker_id,
+                        lambda: input_batch(user_graph)[0])
 
 
 def _export_graph(graph: tf.Graph, path: str, name: str) -> None:

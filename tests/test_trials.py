@@ -180,10 +180,13 @@ class _Session:
     def __init__(self, dataset_fn):
         import tensorflow as tf
 
+        from parallax.runtime.input_position import Iterators
+
         self.transformed_graph = tf.Graph()
         with self.transformed_graph.as_default():
             iterator = tf.compat.v1.data.make_one_shot_iterator(dataset_fn())
             self.next = iterator.get_next()
+        self.input_iterators = Iterators(self.transformed_graph)
         self.session = tf.compat.v1.Session(graph=self.transformed_graph)
 
 
@@ -209,8 +212,8 @@ def test_an_iterator_whose_state_cannot_be_saved_is_named(tmp_path):
         return tf.data.Dataset.from_generator(lambda: iter(range(10)), tf.int64)
     old, new = _Session(dataset), _Session(dataset)
     old.session.run(old.next)
-    with pytest.raises(ParallaxError, match="the position of the input iterator .* cannot be "
-                                            r"carried to the next plan \(GeneratorDataset does "
-                                            r"not support checkpointing.\); use Config\("
-                                            "trial_steps=0"):
+    with pytest.raises(ParallaxError, match="the position of the input iterator .*: "
+                                            "GeneratorDataset does not support checkpointing.; "
+                                            r"it cannot be carried to the next plan: use "
+                                            r"Config\(trial_steps=0"):
         trials._carry_iterators(old, new, str(tmp_path / "iterators"))

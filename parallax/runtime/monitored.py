@@ -14,6 +14,8 @@ leaving the others waiting for it in the next one.
 """
 from __future__ import annotations
 
+import logging
+import os
 from typing import Callable, Optional
 
 import numpy as np
@@ -21,7 +23,9 @@ import tensorflow as tf
 
 from parallax.collectives import Collectives
 from parallax.errors import ParallaxError
+from parallax.runtime import input_position
 
+log = logging.getLogger("parallax")
 USE_DEFAULT = object()  # as TensorFlow's: the argument was not given
 ARGUMENTS = {"checkpoint_dir", "scaffold", "hooks", "chief_only_hooks", "save_checkpoint_secs",
              "save_summaries_steps", "save_summaries_secs", "stop_grace_period_secs",
@@ -59,6 +63,13 @@ def monitored_session(runner, checkpoint_dir: Optional[str] = None, scaffold=Non
             all_hooks.append(tf.compat.v1.train.CheckpointSaverHook(
                 checkpoint_dir, save_steps=checkpoint_steps, save_secs=checkpoint_secs,
                 scaffold=scaffold, save_graph_def=save_graph_def))
+    elif checkpoint_dir and (checkpoint_steps or 0) > 0:
+        all_hooks.append(InputPositionHook(runner, checkpoint_dir, checkpoint_steps))
+    if (runner.is_chief and checkpoint_dir and checkpoint_secs and not checkpoint_steps
+            and runner.num_workers > 1 and runner.input_iterators.names):
+        log.warning("the monitored session saves checkpoints by time (save_checkpoint_secs): "
+                    "they hold no position of the input, which only the chief would save; "
+                    "with save_checkpoint_steps every worker saves its own (docs/checkpoints.md)")
     all_hooks += list(hooks or [])
     if any_worker_stops is not None:
         all_hooks.append(StopTogetherHook(any_worker_stops))
@@ -105,11 +116,46 @@ class RunnerSessionCreator(tf.compat.v1.train.SessionCreator):
                 "within the job; use Config(max_restarts=N) with checkpoints to restart it")
         self._created = True
         self._scaffold.finalize()
-        latest = self._chief_says((tf.train.latest_checkpoint(self._checkpoint_dir) or "")
-                                  if self._checkpoint_dir else "")
+        latest = self._chief_says(input_position.resume_point(self._checkpoint_dir)[0] or "")
         if latest:
             self._scaffold.saver.restore(self._runner, latest)
         return self._runner
+
+
+class InputPositionHook(tf.compat.v1.train.SessionRunHook):
+    """A worker other than the chief saves its input's position where and when the chief's
+    CheckpointSaverHook saves a checkpoint by steps: at the session's start, every `steps`
+    global steps from there, and at its end (input_position.py)."""
+
+    def __init__(self, runner, checkpoint_dir: str, steps: int):
+        self._runner = runner
+        self._path = os.path.join(checkpoint_dir, "model.ckpt")
+        self._steps = steps
+        self._global_step = self._last = None
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        self._save(int(session.run(self._global_step)))
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results + 1 >= self._last + self._steps:  # as TensorFlow's timer
+            step = int(run_context.session.run(self._global_step))
+            if step >= self._last + self._steps:
+                self._save(step)
+
+    def end(self, session):
+        step = int(session.run(self._global_step))
+        if step != self._last:
+            self._save(step)
+
+    def _save(self, step: int) -> None:
+        self._runner.save_input(f"{self._path}-{step}")
+        self._last = step
 
 
 class StopTogetherHook(tf.compat.v1.train.SessionRunHook):

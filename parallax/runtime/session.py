@@ -20,7 +20,7 @@ from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
-from parallax.runtime import input_check, recording
+from parallax.runtime import input_check, input_position, recording
 from parallax.runtime.steps import Steps
 from parallax.vocabulary import INPUT_OP_TYPES, start_queue_runners
 
@@ -85,7 +85,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._busy = False  # in a run or a save: a SIGTERM waits for its end
         self._stop_requested = False
         self._previous_sigterm = None
-        if checkpointer is not None and checkpointer.active:
+        if checkpointer is not None and checkpointer.saves:
             self._save_on_sigterm()
         # A queue-based input pipeline (tf.compat.v1.train.shuffle_batch, string_input_producer)
         # runs as under tf.compat.v1.train.MonitoredSession: started here, stopped at close.
@@ -135,7 +135,11 @@ class ParallaxRunner(tf_private.SessionInterface):
         in the driver's progress bar and metrics file, averaged over workers, e.g.
         {"loss": loss}; they are computed in the same run."""
         self.last_run = (False, 0.0)
-        if not self.is_chief and _is_checkpoint_save(self._element_or_none(fetches)):
+        saving = _is_checkpoint_save(self._element_or_none(fetches))
+        saved = _fed_path(feed_dict) if saving else None
+        if saved is not None and self._checkpointer is not None:
+            self._checkpointer.save_input(self.session, saved)  # every worker its own
+        if saving and not self.is_chief:
             # Saver.save(runner, path): the chief writes the checkpoint; the others would write
             # the same files at once.
             return list(feed_dict.values())[0] if feed_dict else None
@@ -168,7 +172,7 @@ class ParallaxRunner(tf_private.SessionInterface):
                 self._profiler.write(run_metadata, self.last_run[1])
             scalars = _scalars(scalar_values)
             if self._checkpointer is not None:
-                self._checkpointer.after_run(self.session)
+                self._after_run(training, restore, saved, feed_dict)
         finally:
             self._busy = False
             if self._heartbeat is not None:
@@ -182,6 +186,19 @@ class ParallaxRunner(tf_private.SessionInterface):
                                           if not name.startswith("taken ")}):
                 self._recorder.finish(recording.variable_values(self.graph, self.run))
         return result
+
+    def _after_run(self, training: bool, restore: bool, saved: Optional[str],
+                   feed_dict) -> None:
+        """The checkpoints' part of a run: a save due after a training step; a user's
+        Saver's save (its record) or restore (this worker's input position, where saved)."""
+        if saved is not None:
+            self._checkpointer.user_saved(saved)
+        elif restore and _fed_path(feed_dict) is not None:
+            path = _fed_path(feed_dict)
+            self._checkpointer.restore_input(self.session, path, input_position.read_record(path))
+        if training and feed_dict:
+            self._checkpointer.note_fed(str(getattr(key, "name", key)) for key in feed_dict)
+        self._checkpointer.after_run(self.session, training)
 
     def _step_inputs(self, fetches, feeds) -> List[tf.Tensor]:
         """What the step's input ops give, while this worker has its input to report (to the
@@ -213,7 +230,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         """Save a last checkpoint (when configured) and close the session."""
         if self._checkpointer is not None:
             self._busy = True
-            self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+            self._checkpointer.save(self.session)
             self._busy = False
         self.close_after_trial()
 
@@ -231,8 +248,23 @@ class ParallaxRunner(tf_private.SessionInterface):
     def take_checkpointer(self, checkpointer) -> None:
         """Save checkpoints from now on (the plan AUTO kept after its trials)."""
         self._checkpointer = checkpointer
-        if checkpointer.active:
+        checkpointer.begin(self.session)
+        if checkpointer.saves:
             self._save_on_sigterm()
+
+    @property
+    def input_iterators(self) -> input_position.Iterators:
+        return self._checkpointer.iterators
+
+    def save_input(self, checkpoint: str) -> None:
+        """This worker's input position beside `checkpoint` (input_position.py)."""
+        self._checkpointer.save_input(self.session, checkpoint)
+
+    def count_steps(self) -> None:
+        """Count the steps to save after from the global step now (AUTO's trials switched to
+        this runner)."""
+        if self._checkpointer is not None:
+            self._checkpointer.begin(self.session)
 
     @property
     def settled(self) -> bool:
@@ -263,7 +295,7 @@ class ParallaxRunner(tf_private.SessionInterface):
     def _save_and_exit(self) -> None:
         self._stop_requested, self._busy = False, True
         try:
-            self._checkpointer.save(self.session, self._checkpointer.current_step(self.session))
+            self._checkpointer.save(self.session)
             log.warning("stopped by SIGTERM after saving a checkpoint")
         except Exception as error:  # pylint: disable=broad-except
             log.warning("stopped by SIGTERM; the checkpoint could not be saved: %s", error)
@@ -380,6 +412,15 @@ def install_chief_only_saves() -> None:
 
     chief_only_save.parallax_chief_only = True
     tf.compat.v1.train.Saver.save = chief_only_save
+
+
+def _fed_path(feed_dict) -> Optional[str]:
+    """The path a Saver's save or restore run is fed (its only feed)."""
+    if not feed_dict or len(feed_dict) != 1:
+        return None
+    path = list(feed_dict.values())[0]
+    path = path.decode() if isinstance(path, bytes) else path
+    return path if isinstance(path, str) else None
 
 
 def _is_checkpoint_save(element) -> bool:

@@ -23,9 +23,7 @@ import tensorflow as tf
 
 from parallax.errors import ParallaxError
 from parallax.planning import trials as policy
-from parallax.planning.measure import error_reason
 from parallax.runtime.session import ParallaxRunner
-from parallax.vocabulary import ITERATOR_OPS
 
 log = logging.getLogger("parallax")
 
@@ -210,6 +208,7 @@ def carry(old: ParallaxRunner, new: ParallaxRunner,
         shutil.rmtree(folder, ignore_errors=True)
     barrier(np.zeros(0))  # the chief has written the servers' variables and its replicas
     new.session.run(new.broadcast_ops)
+    new.count_steps()
 
 
 def _common(old: ParallaxRunner, new: ParallaxRunner, key: str):
@@ -230,32 +229,12 @@ def _load(runner: ParallaxRunner, pair, values) -> None:
 
 def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> None:
     """Each tf.data iterator of `old` goes on in `new` where it stopped (through a file of this
-    worker's own: an iterator's state is a variant tensor, which a session cannot return)."""
-    names = sorted(op.name for op in old.transformed_graph.get_operations()
-                   if op.type in ITERATOR_OPS)
-    if not names:
-        return
-    graph = old.transformed_graph
-    with graph.as_default(), tf.name_scope("parallax_trials"):
-        states = [tf.raw_ops.SerializeIterator(
-            resource_handle=graph.get_operation_by_name(name).outputs[0]) for name in names]
-        save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
-                                 shape_and_slices=[""] * len(names), tensors=states)
-    graph = new.transformed_graph
-    with graph.as_default(), tf.name_scope("parallax_trials"):
-        saved = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=names,
-                                     shape_and_slices=[""] * len(names),
-                                     dtypes=[tf.variant] * len(names))
-        restore = [tf.raw_ops.DeserializeIterator(
-            resource_handle=graph.get_operation_by_name(name).outputs[0], serialized=state)
-            for name, state in zip(names, saved)]
-    try:
-        old.session.run(save)
-    except tf.errors.OpError as error:
-        raise ParallaxError(f"AUTO's trials: the position of the input iterator {names[0]!r} "
-                            f"cannot be carried to the next plan ({error_reason(error.message)}"
-                            "); use Config(trial_steps=0)") from None
-    new.session.run(restore)
+    worker's own, as a checkpoint's input position)."""
+    why = old.input_iterators.save(old.session, prefix)
+    if why is not None:
+        raise ParallaxError(f"AUTO's trials: the position of {why}; it cannot be carried "
+                            "to the next plan: use Config(trial_steps=0)")
+    new.input_iterators.restore(new.session, prefix)
 
 
 def describe_kept(runner: TrialRunner, kept: Candidate) -> str:
