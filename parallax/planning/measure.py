@@ -288,8 +288,8 @@ def input_batch(graph: tf.Graph) -> Tuple[Optional[int], Optional[str]]:
     if not nexts:
         return None, "the graph reads no tf.data iterator"
     first = nexts[0].outputs[0]
-    if first.shape.rank and first.shape[0] is not None:
-        return int(first.shape[0]), None
+    if first.shape.rank and tf.compat.dimension_value(first.shape[0]) is not None:
+        return tf.compat.dimension_value(first.shape[0]), None  # a Dimension under TF1
     copied = copy_graph(graph)
     try:
         with _probe_session(copied) as session:
