@@ -34,6 +34,8 @@ def main():
     parser.add_argument("--straggler-ms", type=float, default=0,
                         help="the last worker sleeps this long in each of its steps")
     parser.add_argument("--profile-dir", help="profile the chief's last warm-up step there")
+    parser.add_argument("--trial-steps", type=int, default=parallax.Config.trial_steps,
+                        help="AUTO's steps timing each plan (Config.trial_steps)")
     args = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
     workload = WORKLOADS[args.workload]
@@ -48,6 +50,7 @@ def main():
                              sync=not args.asynchronous,
                              hierarchical_allreduce=False if args.flat_allreduce else None,
                              sync_batch_norm=False if args.own_batch_norm else None,
+                             trial_steps=args.trial_steps,
                              profile_config=parallax.ProfileConfig(
                                  args.profile_dir, profile_steps=[max(args.warmup, 1)],
                                  profile_workers=[0]) if args.profile_dir else None)

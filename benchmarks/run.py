@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
@@ -52,6 +52,7 @@ class Setup:
     workers_per_host: int
     state: str  # the emulated cluster's state folder
     measure_args: List[str]
+    trial_steps: Optional[int] = None  # AUTO's (Config.trial_steps), where not its default
 
     def for_workload(self, workload: str) -> "Setup":
         """The setup whose windows have at least MIN_WINDOW_STEPS[workload] steps."""
@@ -76,6 +77,8 @@ def _parallax(run_option, ps_off=(), asynchronous=False, straggler_ms=0, flat_al
         argv = [sys.executable, os.path.join(BENCH, "parallax_job.py"), "--workload", workload,
                 "--resources", resources, "--run-option", run_option, "--out", out,
                 *setup.measure_args]
+        if setup.trial_steps is not None:
+            argv += ["--trial-steps", str(setup.trial_steps)]
         if ps_off:
             argv += ["--ps-off", *ps_off]
         if asynchronous:
@@ -309,6 +312,8 @@ def main():
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per job")
+    parser.add_argument("--trial-steps", type=int,
+                        help="AUTO's steps timing each plan (Config.trial_steps; default 30)")
     args = parser.parse_args()
     if len(set(args.rate)) < len(args.rate):
         parser.error("--rate: each rate once")
@@ -322,7 +327,7 @@ def main():
     state = os.environ.get("PARALLAX_BENCH_CLUSTER_DIR", "/tmp/parallax-bench-cluster")
     setup = Setup(args.hosts, args.workers_per_host, state,
                   ["--warmup", str(args.warmup), "--window", str(args.window),
-                   "--windows", str(args.windows)])
+                   "--windows", str(args.windows)], args.trial_steps)
     transform = None
     for rate in args.rate:
         # One rate keeps the folder's layout of before: OUT/summary.json.

@@ -8,9 +8,10 @@ CPU each message, byte and row takes at both ends, which on shared cores is the 
     python -m parallax.planning.transport_probe serve HOST
         a server (TensorFlow's, job "ps") on HOST; prints its port and its process id, and
         serves until it is stopped (or TIMEOUT_SECONDS)
-    python -m parallax.planning.transport_probe measure HOST SERVER PORT [PID]
-        the worker on HOST; prints, as JSON, per phase (wall, its CPU, the server's CPU)
-        seconds a run: the server's read from its process PID, where it runs on this machine
+    python -m parallax.planning.transport_probe measure HOST SERVER PORT PHASES [PID]
+        the worker on HOST; prints, as JSON, per phase of PHASES (comma-separated) (wall, its
+        CPU, the server's CPU) seconds a run: the server's read from its process PID, where
+        it runs on this machine
 
 `probe(first, second, shell)` runs them (over ssh where they are not this machine) and returns
 a Transport: the CPU of each message, byte and row as measured within `first`, the message's
@@ -38,16 +39,17 @@ SMALL, LARGE = 1, 1 << 20  # float32 elements of the small and the large tensor
 ROWS, ROW_WIDTH, TABLE_ROWS = 1024, 64, 65536  # the rows a push adds into a table
 TIMEOUT_SECONDS = 120
 PHASES = ("local", "pull", "push", "pull-large", "push-large", "rows")
+MESSAGE_PHASES = PHASES[:3]  # between machines, only a message's time is read
 
 
 def probe(first: str, second: Optional[str], shell) -> Transport:
     """What TensorFlow's transport costs between the machines `first` and `second` (names of
     the resources; None: a job of one machine)."""
-    within = _terms(_run(first, first, shell))
+    within = _terms(_run(first, first, shell, PHASES))
     if second is None:
         return within
-    return dataclasses.replace(within,
-                               message_seconds=_terms(_run(first, second, shell)).message_seconds)
+    return dataclasses.replace(
+        within, message_seconds=_message_seconds(_run(first, second, shell, MESSAGE_PHASES)))
 
 
 def serve(host: str) -> None:
@@ -60,7 +62,8 @@ def serve(host: str) -> None:
     _exit(2)
 
 
-def measure(host: str, server: str, port: int, server_pid: Optional[int]) -> None:
+def measure(host: str, server: str, port: int, phases: List[str],
+            server_pid: Optional[int]) -> None:
     import psutil  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf.compat.v1.disable_eager_execution()
@@ -70,7 +73,7 @@ def measure(host: str, server: str, port: int, server_pid: Optional[int]) -> Non
     cluster = tf.train.ClusterSpec({"ps": [f"{server}:{port}"], "worker": [me]})
     graph = tf.Graph()
     with graph.as_default():
-        phases = _phases(tf)
+        ops = _phases(tf)
         initialize = tf.compat.v1.global_variables_initializer()
     config = tf.compat.v1.ConfigProto(cluster_def=cluster.as_cluster_def(),
                                       operation_timeout_in_ms=TIMEOUT_SECONDS * 1000)
@@ -78,9 +81,9 @@ def measure(host: str, server: str, port: int, server_pid: Optional[int]) -> Non
     measured = {}
     with tf.compat.v1.Session(worker.target, graph=graph, config=config) as session:
         session.run(initialize)
-        for name in PHASES:
+        for name in phases:
             before = _cpu(served)
-            wall, cpu = _timed(session, phases[name])
+            wall, cpu = _timed(session, ops[name])
             measured[name] = (wall, cpu, (_cpu(served) - before) / RUNS)
     print(json.dumps(measured), flush=True)
 
@@ -141,7 +144,8 @@ def _on_cpu(schedstat: str) -> int:
         return int(stat.read().split()[0])
 
 
-def _run(client_host: str, server_host: str, shell) -> Dict[str, Tuple[float, float, float]]:
+def _run(client_host: str, server_host: str, shell, phases: Tuple[str, ...]
+         ) -> Dict[str, Tuple[float, float, float]]:
     """Per phase: (wall, the worker's CPU, the server's CPU) seconds a run; the server's CPU
     is 0 where it runs on another machine."""
     server = subprocess.Popen(_command(server_host, ["serve", server_host], shell),
@@ -155,7 +159,7 @@ def _run(client_host: str, server_host: str, shell) -> Dict[str, Tuple[float, fl
             raise RuntimeError(f"the transport probe could not start on {server_host}")
         port, pid = started
         done = subprocess.run(
-            _command(client_host, ["measure", client_host, server_host, port]
+            _command(client_host, ["measure", client_host, server_host, port, ",".join(phases)]
                      + ([pid] if client_host == server_host else []), shell),
             stdin=subprocess.DEVNULL, capture_output=True, text=True,
             timeout=2 * TIMEOUT_SECONDS)
@@ -163,7 +167,7 @@ def _run(client_host: str, server_host: str, shell) -> Dict[str, Tuple[float, fl
             raise RuntimeError(f"the transport probe from {client_host} to {server_host} "
                                f"failed: {done.stderr.strip().splitlines()[-1:]}")
         measured = json.loads(done.stdout.strip().splitlines()[-1])
-        if set(measured) != set(PHASES):
+        if set(measured) != set(phases):
             raise RuntimeError(f"the transport probe measured {sorted(measured)}")
         return {name: tuple(values) for name, values in measured.items()}
     finally:
@@ -178,7 +182,7 @@ def _terms(phases: Dict[str, Tuple[float, float, float]]) -> Transport:
     def mean(*names, at=0):
         return statistics.mean(phases[name][at] for name in names)
     nbytes = 4 * (LARGE - SMALL)
-    message = max(mean("pull", "push") - phases["local"][0], 0.0)
+    message = _message_seconds(phases)
     worker_message = max(mean("pull", "push", at=1) - phases["local"][1], 0.0)
     server_message = mean("pull", "push", at=2)
     worker_byte = max(mean("pull-large", "push-large", at=1) - mean("pull", "push", at=1),
@@ -189,6 +193,12 @@ def _terms(phases: Dict[str, Tuple[float, float, float]]) -> Transport:
     return Transport(message_seconds=message, worker_cpu_message=worker_message,
                      server_cpu_message=server_message, worker_cpu_byte=worker_byte,
                      server_cpu_byte=server_byte, server_cpu_row=server_row)
+
+
+def _message_seconds(phases: Dict[str, Tuple[float, float, float]]) -> float:
+    """A small pull's or push's run, less a run on the worker alone."""
+    return max(statistics.mean(phases[name][0] for name in ("pull", "push"))
+               - phases["local"][0], 0.0)
 
 
 def _command(host: str, args: List[str], shell) -> List[str]:
@@ -214,9 +224,10 @@ def _exit(status: int) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"] and len(sys.argv) == 3:
         serve(sys.argv[2])
-    elif sys.argv[1:2] == ["measure"] and len(sys.argv) in (5, 6):
-        measure(sys.argv[2], sys.argv[3], int(sys.argv[4]),
-                int(sys.argv[5]) if len(sys.argv) == 6 else None)
+    elif sys.argv[1:2] == ["measure"] and len(sys.argv) in (6, 7) and set(
+            sys.argv[5].split(",")) <= set(PHASES):
+        measure(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(","),
+                int(sys.argv[6]) if len(sys.argv) == 7 else None)
         _exit(0)
     else:
         sys.exit(__doc__)
