@@ -354,6 +354,15 @@ def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only
     assert broadcasts and bool(in_the_steps) is in_steps, in_the_steps
 
 
+def _allreduce_everything(graph):
+    """Worker 1's plan of AUTO deciding allreduce for every variable, tables too."""
+    analysis = analyze(graph)
+    methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
+    return make_plan(analysis, PlanOptions(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
+                     decision=Decision(methods=methods, stats={}, note="",
+                                       machine_stages=False))
+
+
 @pytest.mark.collectives
 @needs_horovod
 @pytest.mark.parametrize("config_name, norm_row", [("adam", False), ("momentum+clip", True)])
@@ -364,11 +373,7 @@ def test_a_table_allreduced_as_dense_carries_its_norm_only_where_the_model_clips
     (every allreduced element costs CPU on the tags benchmark's 15 ms steps). It is averaged
     as the dense gradients are: Horovod fuses allreduces of one reduce op only."""
     graph, _, _ = equivalence.build("sparse", config_name, 4, shard=False)
-    analysis = analyze(graph)
-    methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
-    plan = make_plan(analysis, PlanOptions(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
-                     decision=Decision(methods=methods, stats={}, note="",
-                                       machine_stages=False))
+    plan = _allreduce_everything(graph)
     assert plan.variables["embedding"].sync is Sync.ALLREDUCE
     allreduces = [op for op in transform(graph, plan).get_operations()
                   if op.type == "HorovodAllreduce" and op.name.startswith("parallax_allreduce/")]
@@ -386,11 +391,7 @@ def test_a_table_of_scalars_allreduced_as_dense_keeps_its_rows_scalars():
         bias = tf.compat.v1.get_variable("bias", [10], initializer=tf.zeros_initializer())
         loss = tf.reduce_sum(tf.square(tf.gather(bias, ids) - 1.0))
         tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
-    analysis = analyze(graph)
-    methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
-    plan = make_plan(analysis, PlanOptions(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
-                     decision=Decision(methods=methods, stats={}, note="",
-                                       machine_stages=False))
+    plan = _allreduce_everything(graph)
     assert plan.variables["bias"].sync is Sync.ALLREDUCE
     transformed = transform(graph, plan)
     aggregated = [transformed.get_tensor_by_name(record.aggregated)

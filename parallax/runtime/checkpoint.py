@@ -79,6 +79,9 @@ class Checkpointer:
         if not self.active:
             return False
         _remove_partial_saves(self._config.ckpt_dir)
+        # An earlier job's announcement (the others read it only after this restore).
+        if os.path.exists(os.path.join(self._config.ckpt_dir, ANNOUNCED)):
+            os.remove(os.path.join(self._config.ckpt_dir, ANNOUNCED))
         path, _ = input_position.resume_point(self._config.ckpt_dir)
         if path is None:
             return False
@@ -142,7 +145,8 @@ class Checkpointer:
         os.makedirs(self._config.ckpt_dir, exist_ok=True)
         self.save_input(session, checkpoint)
         if self.active:
-            self._announced = None
+            if self._announced is not None and step is not None and step >= self._announced:
+                self._announced = None
             if self._fed and not self.iterators.names:
                 log.warning("the input's position is not saved with the checkpoints: the "
                             "script feeds %s (feed_dict), from where its own loop says; a "
