@@ -49,12 +49,14 @@ def answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
     to query.out; then the script ends, having launched nothing. A graph the script feeds is
     measured on its first steps' feeds: the script trains them with the runner returned."""
     if query.resources:
-        measured = measure_job(graph, analysis, query.resources, config.launch_settings)
+        measured = measure_job(graph, analysis, query.resources, config.launch_settings,
+                               collectives.choose(config.plan_options.collectives))
     else:
         inside = (cost.Links(query.inside_bandwidth, query.inside_latency or 0.0)
                   if query.inside_bandwidth else None)
         measured = _measured_with_transport(
             graph, analysis, "localhost", config.launch_settings,  # the transport of this machine
+            collectives.choose(config.plan_options.collectives),
             [query.workers_per_machine] * query.machines,
             cost.Links(query.bandwidth, query.latency), inside,
             Cores(query.cores or os.cpu_count() or 1))
@@ -114,8 +116,9 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
     cluster (options.trial_steps), if any. `settings`: how the links' probe reaches the
     hosts."""
     if options.decides:
-        decision = decide(graph, analysis, measure_job(graph, analysis, resources, settings),
-                          options)
+        measured = measure_job(graph, analysis, resources, settings,
+                               collectives.choose(options.collectives))
+        decision = decide(graph, analysis, measured, options)
     else:
         check_plan(analysis, options)  # a graph it refuses fails before the resources are read
         decision = None
@@ -153,26 +156,29 @@ def _first_three(names) -> str:
 
 
 def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
-                settings: Settings) -> Measurements:
+                settings: Settings, library: str) -> Measurements:
     """The measurement stage: the links between the machines of `resources`, and the probe of
-    the graph on the driver (planning/measure.py)."""
+    the graph on the driver (planning/measure.py), with the transport and the collectives
+    `library` probed."""
     links, within = launch.probe_links(resources, settings)
     workers_per_machine = launch.workers_per_machine(resources)
     # Whether machines share a kernel, the link between two tells; within one, only its cores.
     machines = links["machines"] if links else within["machines"][:1] if within else None
     return _measured_with_transport(
-        graph, analysis, resources, settings, workers_per_machine, _links(links),
+        graph, analysis, resources, settings, library, workers_per_machine, _links(links),
         _links(within), Cores.of(machines, len(workers_per_machine)) if machines else None)
 
 
 def _measured_with_transport(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
-                             settings: Settings, *shape) -> Measurements:
-    """measure(graph, analysis, *shape), with the transport of `resources` probed meanwhile
-    (its processes wait on each other more than they compute)."""
+                             settings: Settings, library: str, *shape) -> Measurements:
+    """measure(graph, analysis, *shape), with the transport of `resources` and its collectives
+    `library` probed meanwhile, one after the other (their processes wait on each other more
+    than they compute)."""
     with concurrent.futures.ThreadPoolExecutor(1) as background:
         transport = background.submit(launch.probe_transport, resources, settings)
+        collective = background.submit(launch.probe_collectives, resources, settings, library)
         measured = measure(graph, analysis, *shape)
-        measured.transport = transport.result()
+        measured.transport, measured.collective = transport.result(), collective.result()
     return measured
 
 

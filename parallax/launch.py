@@ -24,7 +24,7 @@ from parallax import contracts
 from parallax.cluster import Cluster
 from parallax.config import RuntimeOptions
 from parallax.errors import ParallaxError
-from parallax.planning.cost import Transport
+from parallax.planning.cost import Collective, Transport
 from parallax.runtime import input_check, input_position
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
 from runner.control import ControlServer
@@ -76,6 +76,19 @@ def probe_transport(resources: str, settings: Settings) -> Optional[Transport]:
         return transport_probe.probe(hosts[0].name, second, _remote_shell(resources, settings))
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
         log.warning("the transport probe on %s failed (%s)", resources, error)
+        return None
+
+
+def probe_collectives(resources: str, settings: Settings, library: str
+                      ) -> Optional[Collective]:
+    """What the job's collectives `library` costs between two ranks on the first machine
+    (planning/collectives_probe.py); None for a probe that fails, which is logged."""
+    from parallax.planning import collectives_probe  # pylint: disable=C0415  (as above)
+    first = load_resources(resources)[0].name
+    try:
+        return collectives_probe.probe(library, first, _remote_shell(resources, settings))
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
+        log.warning("the collectives probe on %s failed (%s)", first, error)
         return None
 
 

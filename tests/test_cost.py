@@ -5,13 +5,13 @@ import dataclasses
 import pytest
 
 from parallax.planning import cost
-from parallax.planning import proposal
+from parallax.planning import explanation, proposal
 from parallax.planning.candidates import balance_by_bytes
 from parallax.planning.cost import (ALLGATHER, ALLREDUCE, MACHINE_STAGES_SECONDS, PS, Links,
                                     Method, Shape, VariableStats, compute_and_pushes, link_bytes,
                                     link_phases, machine_stages_pay, server_updates,
                                     shared_compute, step_time, waits)
-from parallax.planning.problem import Problem
+from parallax.planning.problem import Compute, Problem
 
 TWO_BY_TWO = Shape(machines=2, workers_per_machine=2)
 
@@ -371,3 +371,44 @@ def test_on_shared_cores_the_cpu_floor_bounds_the_step():
     # a server's message costs the transport's where it exceeds the link's latency
     assert terms["messages"] == 2 * 1e-3
     assert "cores" not in cost.step_terms(choice, stats, TWO_BY_TWO, Links(), compute=0.01)
+
+
+def test_a_probed_collective_prices_the_rings_and_gathers_at_its_own_costs():
+    # DENSE allreduced in a ring of 4: each worker 6 messages (6 x 0.1 ms) and 1500 bytes
+    # (1500 x 1 us); SPARSE allgathered: 3 gathers (3 x 0.5 ms) of 10 rows x 24 bytes (720 us).
+    collective = cost.Collective(message_seconds=5e-4, cpu_message=1e-4, cpu_byte=1e-6,
+                                 cpu_allgather=5e-4)
+    spent = cost.sync_cpu({"e": Method(ALLGATHER), "w": Method(ALLREDUCE)},
+                          {"e": SPARSE, "w": DENSE}, TWO_BY_TWO, TRANSPORT,
+                          collective=collective)
+    each = 6e-4 + 1500e-6 + 1.5e-3 + 720e-6
+    assert spent == pytest.approx([2 * each, 2 * each])
+    # Not probed, the transport's costs at both ends price each message and byte, as before.
+    assert cost.sync_cpu({"w": Method(ALLREDUCE)}, {"w": DENSE}, TWO_BY_TWO, TRANSPORT,
+                         collective=cost.Collective.over(TRANSPORT)) == pytest.approx(
+        cost.sync_cpu({"w": Method(ALLREDUCE)}, {"w": DENSE}, TWO_BY_TWO, TRANSPORT))
+    # A ring's message waits the probed wall time where it exceeds the link's latency.
+    waits = cost.step_terms({"w": Method(ALLREDUCE)}, {"w": DENSE}, TWO_BY_TWO,
+                            Links(latency=1e-4), collective=collective)["messages"]
+    assert waits == pytest.approx(cost.messages(DENSE, Method(ALLREDUCE), TWO_BY_TWO) * 5e-4)
+
+
+def test_where_the_whole_step_is_priced_it_chooses_among_the_search_and_the_rules():
+    """On one machine communication is free, so the search allreduces a large table as
+    dense; its CPU, priced in the whole step, makes a server's few rows faster: that rule's
+    plan is proposed, and the search's is timed against it, named."""
+    table = VariableStats("e", nbytes=4_000_000, rows=100, row_bytes=400, index_bytes=8,
+                          unique=(100, 200, 300, 400), table_rows=10_000)
+    base = dataclasses.replace(
+        _problem([table, DENSE], Shape(machines=1, workers_per_machine=4), Links()),
+        compute=Compute(alone=0.01, cpu=0.01))
+    searched = proposal.propose(base)
+    assert searched.methods["e"].how == ALLREDUCE and searched.chosen_rule is None
+    priced = dataclasses.replace(base, transport=TRANSPORT)
+    chosen = proposal.propose(priced)
+    assert chosen.methods["e"].how == PS and chosen.chosen_rule in ("HYBRID's rule",
+                                                                    "PS's rule")
+    assert chosen.step < proposal.predicted(priced, searched.methods, searched.stats, False)
+    assert proposal.SEARCHED in [a.name for a in chosen.alternatives + chosen.beyond_error]
+    assert f"chosen: {chosen.chosen_rule}, its whole step predicted faster than the " \
+           "search's plan" in explanation.note(priced, chosen)

@@ -116,6 +116,27 @@ class Transport:
 
 
 @dataclasses.dataclass(frozen=True)
+class Collective:
+    """What the job's collectives library costs, as its probe measured it on one machine
+    (planning/collectives_probe.py): seconds of wall time a message of a ring takes, and a
+    worker's CPU seconds a message (sent and received), a byte, and an allgather of slices
+    beyond its bytes take."""
+    message_seconds: float
+    cpu_message: float
+    cpu_byte: float
+    cpu_allgather: float
+
+    @classmethod
+    def over(cls, transport: "Transport") -> "Collective":
+        """Where the library was not probed: each message and byte at the gRPC transport's
+        cost at both ends (TensorFlow's collectives go through its gRPC as a pull does)."""
+        message = transport.worker_cpu_message + transport.server_cpu_message
+        return cls(message_seconds=transport.message_seconds, cpu_message=message,
+                   cpu_byte=transport.worker_cpu_byte + transport.server_cpu_byte,
+                   cpu_allgather=message)
+
+
+@dataclasses.dataclass(frozen=True)
 class CpuBudget:
     """What bounds a step from below where processes share cores: one worker's compute, in
     CPU seconds a step alone, a machine's cores, and how many machines share one kernel's."""
@@ -237,16 +258,17 @@ def step_time(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluste
 def step_terms(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
                links: Links, compute: float = 0.0, alone: Optional[float] = None,
                transport: Optional[Transport] = None, budget: Optional[CpuBudget] = None,
-               **options) -> Dict[str, float]:
+               collective: Optional[Collective] = None, **options) -> Dict[str, float]:
     """The seconds of a step, term by term, in their order: the pulls (the first phase's
     busiest link direction), then the compute and what the second phase's busiest link
     direction takes beyond it (its pushes of dense gradients to servers go as each is ready,
     pushed_when_ready), then the busiest server's updates (server_updates; at the speed of a
     worker alone on its machine, `alone` seconds a step, `compute` when not given), and the
     waits of the messages and machine stages (`waits`; a message to a server costs the
-    `transport`'s where it was probed). Last, with the `transport` and a `budget`, what the
-    cores of the busiest kernel need beyond the other terms (cpu_floor): where workers and
-    servers share cores, their CPU bounds the step, whatever the links."""
+    `transport`'s where it was probed, a ring's message the `collective`'s). Last, with the
+    `transport` and a `budget`, what the cores of the busiest kernel need beyond the other
+    terms (cpu_floor): where workers and servers share cores, their CPU bounds the step,
+    whatever the links."""
     phases, second = no_traffic(cluster), []
     for name, method in choice.items():
         traffic = link_phases(stats[name], method, cluster, **options)
@@ -262,38 +284,42 @@ def step_terms(choice: Dict[str, Method], stats: Dict[str, VariableStats], clust
     terms = {"pulls": busiest_bytes(phases[:1]) / links.bandwidth,
              "compute": worker, "pushes after the compute": max(0.0, link - worker),
              "servers' updates": max(held, default=0.0) * (compute if alone is None else alone),
-             "messages": _message_seconds(choice, stats, cluster, links, transport),
+             "messages": _message_seconds(choice, stats, cluster, links, transport,
+                                          collective),
              "machine stages": MACHINE_STAGES_SECONDS if _staged(choice, staged) else 0.0}
     if transport is not None and budget is not None:
-        floor = cpu_floor(choice, stats, cluster, transport, budget, **options)
+        floor = cpu_floor(choice, stats, cluster, transport, budget,
+                          collective=collective, **options)
         terms["cores"] = max(0.0, floor - sum(terms.values()))
     return terms
 
 
-def _message_seconds(choice, stats, cluster, links, transport) -> float:
-    """The longest chain of messages a step waits for: a latency each, or for a server's
-    pulls and pushes the transport's own cost of a message where it was probed."""
+def _message_seconds(choice, stats, cluster, links, transport, collective) -> float:
+    """The longest chain of messages a step waits for: a latency each, or the transport's
+    own cost of a message (a server's pulls and pushes) or the collectives' (a ring's) where
+    it was probed."""
     def each(method: Method) -> float:
-        if method.how == PS and transport is not None:
-            return max(links.latency, transport.message_seconds)
-        return links.latency
+        probed = transport if method.how == PS else collective
+        return links.latency if probed is None else max(links.latency, probed.message_seconds)
     return max((messages(stats[name], method, cluster) * each(method)
                 for name, method in choice.items()), default=0.0)
 
 
 def sync_cpu(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,
              transport: Transport, local_aggregation: bool = True, unique_pulls: bool = True,
-             **_) -> List[float]:
+             collective: Optional[Collective] = None, **_) -> List[float]:
     """Per machine, the CPU seconds a step's messages, bytes and pushed rows take in its
     processes, as the transport probe measured each (links inside a machine included: a
     worker's pull from its own machine's server costs as much CPU). Each worker pulls every
     shard of a server variable (a dense one as often as it reads it), and pushes its gradient
     to each, or, a sparse one with local aggregation, each machine pushes its workers' rows
-    summed by id once; each allreduces and allgathers the others (_collective_cpu)."""
+    summed by id once; each allreduces and allgathers the others (_collective_cpu, at the
+    `collective`'s costs, else at the transport's)."""
     h, g, n = cluster.machines, cluster.workers_per_machine, cluster.workers
-    collective = _collective_cpu([stats[name] for name, m in choice.items() if m.how != PS],
-                                 [m for m in choice.values() if m.how != PS], n, transport)
-    spent = [g * collective] * h
+    ring = _collective_cpu([stats[name] for name, m in choice.items() if m.how != PS],
+                           [m for m in choice.values() if m.how != PS], n,
+                           collective or Collective.over(transport))
+    spent = [g * ring] * h
     for name, method in choice.items():
         if method.how != PS:
             continue
@@ -318,25 +344,23 @@ def sync_cpu(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster
 
 
 def _collective_cpu(variables: List[VariableStats], methods: List[Method], workers: int,
-                    transport: Transport) -> float:
-    """A worker's CPU for a step's allreduces and allgathers, each message and byte at the
-    transport's cost at both ends (TensorFlow's collectives go through its gRPC as a server's
-    pulls do; Horovod's gloo is taken to cost as much). The allreduced gradients go in one
-    buffer (Horovod's fusion, the TensorFlow collectives' buckets): one ring of 2(N-1)
-    messages, of 2w(N-1)/N bytes in all; each allgather is a ring of N-1 messages of its
-    peers' rows."""
+                    collective: Collective) -> float:
+    """A worker's CPU for a step's allreduces and allgathers at the `collective`'s costs. The
+    allreduced gradients go in one buffer (Horovod's fusion, the TensorFlow collectives'
+    buckets): one ring of 2(N-1) messages, of 2w(N-1)/N bytes in all; each allgather is
+    N-1 gathers of its peers' rows."""
     if workers == 1:
         return 0.0
-    count, nbytes = 0, 0.0
+    messages, gathers, nbytes = 0, 0, 0.0
     allreduced = sum(var.nbytes for var, m in zip(variables, methods) if m.how == ALLREDUCE)
     if allreduced:
-        count, nbytes = 2 * (workers - 1), 2 * allreduced * (workers - 1) / workers
+        messages, nbytes = 2 * (workers - 1), 2 * allreduced * (workers - 1) / workers
     for var, method in zip(variables, methods):
         if method.how == ALLGATHER:
-            count += workers - 1
+            gathers += workers - 1
             nbytes += (workers - 1) * var.rows * (var.row_bytes + var.index_bytes)
-    return (count * (transport.worker_cpu_message + transport.server_cpu_message)
-            + nbytes * (transport.worker_cpu_byte + transport.server_cpu_byte))
+    return (messages * collective.cpu_message + gathers * collective.cpu_allgather
+            + nbytes * collective.cpu_byte)
 
 
 def cpu_floor(choice: Dict[str, Method], stats: Dict[str, VariableStats], cluster: Shape,

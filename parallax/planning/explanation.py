@@ -7,7 +7,7 @@ from __future__ import annotations
 from parallax.planning import cost
 from parallax.planning.candidates import rule_name
 from parallax.planning.problem import Problem
-from parallax.planning.proposal import Proposal, terms, unsure
+from parallax.planning.proposal import SEARCHED, Proposal, terms, unsure
 
 
 def note(problem: Problem, proposal: Proposal) -> str:
@@ -40,6 +40,9 @@ def note(problem: Problem, proposal: Proposal) -> str:
         rated = terms(problem, proposal.methods, proposal.stats, bool(proposal.machine_stages))
         text += (f"{_transport(problem)}; predicted step {ms(proposal.step)}, the most of it "
                  f"{max(rated, key=rated.get)}")
+        if proposal.chosen_rule:
+            text += (f"; chosen: {proposal.chosen_rule}, its whole step predicted faster "
+                     f"than {SEARCHED} (which the search rates by its communication)")
     else:
         text += (f"; compute not measured ({problem.compute_problem})"
                  f"; predicted communication {ms(proposal.step)} a step")
@@ -76,7 +79,16 @@ def _transport(problem: Problem) -> str:
             f"{ms(probed.worker_cpu_message)} in a worker and {ms(probed.server_cpu_message)} "
             f"in a server, a MB {ms(probed.worker_cpu_byte * 1e6)} and "
             f"{ms(probed.server_cpu_byte * 1e6)}, a pushed row "
-            f"{probed.server_cpu_row * 1e6:.2g} us")
+            f"{probed.server_cpu_row * 1e6:.2g} us" + _collective(problem.collective))
+
+
+def _collective(probed) -> str:
+    """The collectives probe's terms, each with its value."""
+    if probed is None:
+        return "; collectives not probed (priced as the transport's messages)"
+    return (f"; collectives probed: a ring's message {ms(probed.message_seconds)}, of CPU "
+            f"{ms(probed.cpu_message)}, a MB {ms(probed.cpu_byte * 1e6)}, an allgather "
+            f"{ms(probed.cpu_allgather)}")
 
 
 def _splits(proposal: Proposal) -> str:

@@ -44,6 +44,7 @@ class Measurements:
     compute_problem: Optional[str] = None  # why the step was not timed
     fed: bool = False  # the problem: the input comes from the script's feed_dict
     transport: Optional[cost.Transport] = None  # TensorFlow's gRPC, probed; None: not
+    collective: Optional[cost.Collective] = None  # the job's collectives, probed; None: not
 
     @property
     def shape(self) -> cost.Shape:

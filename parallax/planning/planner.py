@@ -53,7 +53,8 @@ def pose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         shape=shape, run_option=options.run_option, split=options.split_variables,
         machine_stages=stages, inside=measured.within_machine,
         links=measured.links or cost.Links(), links_measured=measured.links is not None,
-        transport=measured.transport, trial_margin=options.trial_margin,
+        transport=measured.transport, collective=measured.collective,
+        trial_margin=options.trial_margin,
         # Not measured: the workers' machines taken to be like this one, each its own.
         cores=measured.cores or Cores(os.cpu_count() or 1),
         **cost.ps_options(options.ps_config))

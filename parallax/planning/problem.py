@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
-from parallax.planning.cost import (CpuBudget, Links, Shape, Transport, VariableStats,
-                                    shared_compute)
+from parallax.planning.cost import (Collective, CpuBudget, Links, Shape, Transport,
+                                    VariableStats, shared_compute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,7 @@ class Problem:
     unique_pulls: bool = True
     untimed: Optional[str] = None  # why the plans cannot take turns on the cluster
     transport: Optional[Transport] = None  # TensorFlow's gRPC, as probed; None: not priced
+    collective: Optional[Collective] = None  # the job's collectives, as probed; None: not
     trial_margin: Optional[float] = None  # Config.trial_margin
 
     @property
@@ -88,6 +89,11 @@ class Problem:
             return None
         return CpuBudget(self.compute.cpu, self.cores.per_machine,
                          self.cores.machines_per_kernel)
+
+    @property
+    def whole_step_priced(self) -> bool:
+        """Whether the predicted step prices the synchronization's CPU (cost.cpu_floor)."""
+        return self.transport is not None and self.budget is not None
 
     @property
     def worker_compute(self) -> Optional[float]:

@@ -30,6 +30,7 @@ PLACEMENT_MARGIN = 0.05
 # fall: it is not timed on the cluster.
 MODEL_SHORTFALL = 0.74
 TRUSTED_MARGIN = 1 / (1 - MODEL_SHORTFALL) - 1
+SEARCHED = "the search's plan"  # an alternative's name, beside the rules'
 
 
 @dataclasses.dataclass
@@ -52,6 +53,7 @@ class Proposal:
     alternatives: List[Alternative] = dataclasses.field(default_factory=list)  # to time
     # The rules' plans predicted slower by more than the model's error: not timed
     beyond_error: List[Alternative] = dataclasses.field(default_factory=list)
+    chosen_rule: Optional[str] = None  # the rule's plan predicted faster than the search's
 
 
 def propose(problem: Problem, alternatives: bool = True) -> Proposal:
@@ -71,12 +73,32 @@ def propose(problem: Problem, alternatives: bool = True) -> Proposal:
     methods, stats = apart(chosen, problem.variables, shards)
     proposal = Proposal(methods, stats, staged, partitions, splits, whole,
                         predicted(problem, methods, stats, staged))
+    others = None
+    if problem.run_option == "AUTO" and problem.whole_step_priced:
+        proposal, others = by_whole_step(proposal, _alternatives(problem, proposal, shards))
     if alternatives and unsure(problem, proposal) and not problem.untimed:
         trusted = TRUSTED_MARGIN if problem.trial_margin is None else problem.trial_margin
-        for alternative in _alternatives(problem, proposal, shards):
+        for alternative in others if others is not None else _alternatives(
+                problem, proposal, shards):
             beyond = alternative.step > proposal.step * (1 + trusted)
             (proposal.beyond_error if beyond else proposal.alternatives).append(alternative)
     return proposal
+
+
+def by_whole_step(proposal: Proposal, rules: List[Alternative]
+                  ) -> Tuple[Proposal, List[Alternative]]:
+    """The search compares communication, which misses the CPU a plan's synchronization
+    takes on shared cores (inside one machine, communication is nearly free and every table
+    allreduced as dense looks fastest): where the whole step is priced, the rules' plan
+    predicted fastest in it replaces the search's, which is then one of the others."""
+    best = min(rules, key=lambda alternative: alternative.step, default=None)
+    if best is None or best.step >= proposal.step:
+        return proposal, rules
+    searched = Alternative(SEARCHED, proposal.methods, proposal.machine_stages, proposal.step)
+    return (dataclasses.replace(proposal, methods=best.methods,
+                                machine_stages=best.machine_stages, step=best.step,
+                                chosen_rule=best.name),
+            [alternative for alternative in rules if alternative is not best] + [searched])
 
 
 def unsure(problem: Problem, proposal: Proposal) -> bool:
@@ -110,6 +132,7 @@ def terms(problem: Problem, methods: Dict[str, Method], stats: Dict[str, Variabl
                            compute=compute or 0.0,
                            alone=problem.compute.alone if problem.compute else None,
                            transport=problem.transport, budget=problem.budget,
+                           collective=problem.collective,
                            hierarchical_allreduce=staged, **problem.priced)
 
 
@@ -129,10 +152,9 @@ def fastest(problem: Problem, shard_counts: Dict[str, Sequence[int]], hows: Dict
 
 
 def _step(problem: Problem, choice: Dict[str, Method], staged: bool) -> float:
-    """What the search compares plans by: their communication. The transport's CPU (the
-    cores term) prices the predicted step, and AUTO's trials time the rules' plans it makes
-    look faster; it does not decide the search until it is checked against jobs
-    (benchmarks/prediction_check.py)."""
+    """What the search compares plans by: their communication. The synchronization's CPU (the
+    cores term) prices a whole plan's step, which then chooses among the search's plan and
+    the rules' (by_whole_step)."""
     return cost.step_time(choice, problem.variables, problem.shape, problem.links,
                           hierarchical_allreduce=staged, **problem.priced)
 

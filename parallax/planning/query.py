@@ -59,8 +59,9 @@ def _terms(problem: Problem, step: Optional[float]) -> Dict[str, object]:
     """The measured terms every plan's prediction rests on."""
     if problem.unmeasured:
         return {"unmeasured": problem.unmeasured}
-    transport = {"transport": dataclasses.asdict(problem.transport)} if problem.transport else {
-        "transport": None}
+    probed = {name: dataclasses.asdict(terms) if terms else None
+              for name, terms in (("transport", problem.transport),
+                                  ("collectives", problem.collective))}
     terms = {"compute": "given (--step-ms)" if step is not None else "measured on this machine"}
     if problem.compute is None:
         terms["compute"] = f"not measured: {problem.compute_problem}"
@@ -69,7 +70,7 @@ def _terms(problem: Problem, step: Optional[float]) -> Dict[str, object]:
                      step_cpu_ms=problem.compute.cpu * 1e3,
                      worker_compute_ms=problem.worker_compute * 1e3,
                      workers_sharing_cores=problem.sharing)
-    return {**terms, **transport}
+    return {**terms, **probed}
 
 
 def _variable(var: cost.VariableStats, analysis: GraphAnalysis) -> dict:
