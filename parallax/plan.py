@@ -87,6 +87,14 @@ def text(answer: dict, script: str) -> str:
             f"{probed['server_cpu_message'] * 1e3:.2g} ms in a server; a MB "
             f"{probed['worker_cpu_byte'] * 1e9:.2g} and {probed['server_cpu_byte'] * 1e9:.2g} ms; "
             f"a pushed row {probed['server_cpu_row'] * 1e6:.2g} us")
+    ring = terms.get("collectives")
+    if ring:
+        lines.append(
+            f"{explanation.library_name(ring['library'])} collectives, probed on "
+            f"{'the first machine' if cluster['link_measured'] else 'this machine'}: a ring's "
+            f"message {ring['message_seconds'] * 1e3:.2g} ms, of CPU "
+            f"{ring['cpu_message'] * 1e3:.2g} ms; a MB {ring['cpu_byte'] * 1e9:.2g} ms; "
+            f"an allgather {ring['cpu_allgather'] * 1e3:.2g} ms")
     batch = answer["batch"]
     lines.append(f"batch: {batch['per_worker']} examples a worker, {batch['combined']} combined"
                  if "per_worker" in batch else f"batch unknown ({batch['unknown']}; --batch)")

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Tuple
 
@@ -31,7 +32,7 @@ RANKS = 2
 RUNS, WARM_RUNS = 20, 3
 SMALL, LARGE = 1, 1 << 20  # float32 elements of the small and the large allreduce
 ROWS, ROW_WIDTH = 1024, 64  # the rows each rank gathers
-TIMEOUT_SECONDS = 120
+TIMEOUT_SECONDS = 60  # a run takes about 10 s; a rank that cannot reach the other waits
 LIBRARIES = ("horovod", "tensorflow")
 
 
@@ -45,9 +46,9 @@ def probe(library: str, host: str, shell) -> Collective:
         raise RuntimeError(f"the collectives probe on {host} failed: "
                            f"{done.stderr.strip().splitlines()[-1:]}")
     terms = json.loads(done.stdout.strip().splitlines()[-1])
-    if set(terms) != {field for field in Collective.__dataclass_fields__}:
+    if set(terms) != set(Collective.__dataclass_fields__) - {"library"}:
         raise RuntimeError(f"the collectives probe measured {sorted(terms)}")
-    return Collective(**{name: float(value) for name, value in terms.items()})
+    return Collective(**{name: float(value) for name, value in terms.items()}, library=library)
 
 
 def run(library: str, host: str) -> None:
@@ -57,7 +58,7 @@ def run(library: str, host: str) -> None:
     if library == "horovod":
         from runner.rendezvous import GlooRendezvous  # pylint: disable=C0415  (Horovod's)
         rendezvous = GlooRendezvous([(host, RANKS)], "127.0.0.1")
-    ranks = []
+    ranks, errors = [], [tempfile.TemporaryFile("w+") for _ in range(RANKS)]
     try:
         for rank in range(RANKS):
             own = dict(env, **(rendezvous.env_for_rank(rank, gloo_iface="lo") if rendezvous
@@ -65,21 +66,31 @@ def run(library: str, host: str) -> None:
             ranks.append(subprocess.Popen(
                 [sys.executable, "-m", "parallax.planning.collectives_probe", "rank", library,
                  str(rank), workers], env=own, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                stdout=subprocess.PIPE, stderr=errors[rank], text=True))
         deadline = time.monotonic() + TIMEOUT_SECONDS
-        outputs = [rank.communicate(timeout=max(deadline - time.monotonic(), 1))
-                   for rank in ranks]
-        for rank, (_, errors) in zip(ranks, outputs):
+        # A rank that fails leaves the other waiting in its first collective: stop at once.
+        while (any(rank.poll() is None for rank in ranks)
+               and not any(rank.returncode for rank in ranks) and time.monotonic() < deadline):
+            time.sleep(0.1)
+        for rank, error in zip(ranks, errors):
             if rank.returncode != 0:
-                raise RuntimeError(f"a rank failed: {errors.strip().splitlines()[-1:]}")
-        measured = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+                error.seek(0)
+                raise RuntimeError(f"rank {ranks.index(rank)} "
+                                   + (f"failed: {error.read().strip().splitlines()[-1:]}"
+                                      if rank.returncode else
+                                      f"did not end within {TIMEOUT_SECONDS} s"))
+        measured = [json.loads(rank.stdout.read().strip().splitlines()[-1]) for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()
             rank.wait()
+        for error in errors:
+            error.close()
         if rendezvous is not None:
             rendezvous.stop()
-    print(json.dumps(dataclasses.asdict(terms(measured))), flush=True)
+    measured_terms = dataclasses.asdict(terms(measured))
+    del measured_terms["library"]  # the caller's to name
+    print(json.dumps(measured_terms), flush=True)
 
 
 def rank(library: str, index: int, workers: List[str]) -> None:
@@ -130,16 +141,19 @@ def _phases(tf, library) -> Dict[str, object]:
 
 
 def _timed(session, op) -> Tuple[float, float]:
+    """The least wall and CPU time of a run: other processes on the cores only add to a
+    run's wall time, and to its CPU where the library polls while it waits (Horovod's
+    background loop runs a cycle every millisecond). The process's CPU counts the library's
+    own threads (that loop, the gRPC server's)."""
     for _ in range(WARM_RUNS):
         session.run(op)
-    walls, started = [], time.process_time()
+    walls, cpus = [], []
     for _ in range(RUNS):
-        begun = time.perf_counter()
+        begun, cpu = time.perf_counter(), time.process_time()
         session.run(op)
         walls.append(time.perf_counter() - begun)
-    # The least wall time (others' processes only add to a run's); the process's CPU counts
-    # the library's own threads (Horovod's background loop, the gRPC server's).
-    return min(walls), (time.process_time() - started) / RUNS
+        cpus.append(time.process_time() - cpu)
+    return min(walls), min(cpus)
 
 
 def terms(ranks: List[Dict[str, Tuple[float, float]]]) -> Collective:

@@ -125,6 +125,7 @@ class Collective:
     cpu_message: float
     cpu_byte: float
     cpu_allgather: float
+    library: str = "the transport's"  # which was probed
 
     @classmethod
     def over(cls, transport: "Transport") -> "Collective":

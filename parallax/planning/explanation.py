@@ -86,7 +86,8 @@ def _collective(probed) -> str:
     """The collectives probe's terms, each with its value."""
     if probed is None:
         return "; collectives not probed (priced as the transport's messages)"
-    return (f"; collectives probed: a ring's message {ms(probed.message_seconds)}, of CPU "
+    return (f"; {library_name(probed.library)} collectives probed: a ring's message "
+            f"{ms(probed.message_seconds)}, of CPU "
             f"{ms(probed.cpu_message)}, a MB {ms(probed.cpu_byte * 1e6)}, an allgather "
             f"{ms(probed.cpu_allgather)}")
 
@@ -100,6 +101,11 @@ def _splits(proposal: Proposal) -> str:
         text += "; kept whole: " + ", ".join(f"{name} ({why})"
                                              for name, why in proposal.whole.items())
     return text
+
+
+def library_name(library: str) -> str:
+    """A collectives library as people write it ("Horovod's")."""
+    return {"horovod": "Horovod's", "tensorflow": "TensorFlow's"}.get(library, library)
 
 
 def ms(seconds: float) -> str:

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import psutil
@@ -54,9 +54,11 @@ class Measurements:
 def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
             links: Optional[cost.Links] = None,
             within_machine: Optional[cost.Links] = None,
-            cores: Optional[Cores] = None) -> Measurements:
+            cores: Optional[Cores] = None,
+            before_timing: Callable[[], None] = lambda: None) -> Measurements:
     """The probe of `graph` for a job of `workers_per_machine`, with the links and cores
-    measured."""
+    measured. `before_timing()` returns when the step may be timed alone (other probes
+    done)."""
     measured = Measurements(workers_per_machine, links, within_machine, cores)
     needed, free = variables_bytes(graph), psutil.virtual_memory().available
     if needed > PROBE_MEMORY_SHARE * free:
@@ -66,18 +68,20 @@ def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[
         return measured
     try:
         with _probe_session(copy_graph(graph)) as session:
-            measure_in(session, analysis, measured)
+            measure_in(session, analysis, measured, before_timing=before_timing)
     except tf.errors.OpError as error:  # in the initializers
         measured.problem = _probe_failure(error, "the graph could not be initialized")
     return measured
 
 
 def measure_in(session: tf.compat.v1.Session, analysis: GraphAnalysis,
-               measured: Measurements, feeds: Sequence[dict] = ()) -> None:
+               measured: Measurements, feeds: Sequence[dict] = (),
+               before_timing: Callable[[], None] = lambda: None) -> None:
     """The rows and the step, measured in a probe session into `measured`; `feeds`: the
     feed_dicts of the script's own first steps, for a graph fed through feed_dict."""
     stats, measured.problem = measure_rows(session, analysis, measured.shape.workers, feeds)
     if not measured.problem:
+        before_timing()
         measured.timing, measured.compute_problem = measure_compute(
             session, analysis, feed=feeds[0] if feeds else None)
         if measured.timing:

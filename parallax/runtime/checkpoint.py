@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -56,6 +56,7 @@ class Checkpointer:
         self._announce_mtime = 0.0
         self._unsaved_input: Optional[str] = None  # why the position cannot be saved, once said
         self._fed: Optional[List[str]] = []  # what a training run was fed; None once said
+        self._resumed: Optional[Tuple[Optional[str], Optional[Record]]] = None  # restore's
         if not self.active:
             return  # save/restore ops for every variable only where they will run
         with graph.as_default():
@@ -82,7 +83,8 @@ class Checkpointer:
         # An earlier job's announcement (the others read it only after this restore).
         if os.path.exists(os.path.join(self._config.ckpt_dir, ANNOUNCED)):
             os.remove(os.path.join(self._config.ckpt_dir, ANNOUNCED))
-        path, _ = input_position.resume_point(self._config.ckpt_dir)
+        self._resumed = input_position.resume_point(self._config.ckpt_dir)
+        path = self._resumed[0]
         if path is None:
             return False
         self._saver.restore(session, path)
@@ -97,7 +99,7 @@ class Checkpointer:
         if not (resumed and self.saves):
             return
         self._read_at = (self._start, self._read_at[1])  # an input starting over, or skipped
-        path, record = input_position.resume_point(self._config.ckpt_dir)
+        path, record = self._resumed or input_position.resume_point(self._config.ckpt_dir)
         if path is not None:
             self.restore_input(session, path, record)
             if (record is not None and record.num_workers == self._num_workers
@@ -136,10 +138,11 @@ class Checkpointer:
         step = self._start + self._runs if self._global_step is not None else None
         if step is not None and step == self._last_step:
             return
-        if self.active and step is not None and self._step(session) != step:
-            self._say_unsaved(f"the global step ({self._step(session)}) does not count the "
-                              f"training runs ({step}), by which every worker saves")
-            step = self._step(session)
+        counted = self._step(session) if self.active and step is not None else step
+        if counted != step:
+            self._say_unsaved(f"the global step ({counted}) does not count the training runs "
+                              f"({step}), by which every worker saves")
+            step = counted
         checkpoint = os.path.join(self._config.ckpt_dir, "model")
         checkpoint += "" if step is None else f"-{step}"
         os.makedirs(self._config.ckpt_dir, exist_ok=True)

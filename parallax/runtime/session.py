@@ -193,8 +193,7 @@ class ParallaxRunner(tf_private.SessionInterface):
         Saver's save (its record) or restore (this worker's input position, where saved)."""
         if saved is not None:
             self._checkpointer.user_saved(saved)
-        elif restore and _fed_path(feed_dict) is not None:
-            path = _fed_path(feed_dict)
+        elif restore and (path := _fed_path(feed_dict)) is not None:
             self._checkpointer.restore_input(self.session, path, input_position.read_record(path))
         if training and feed_dict:
             self._checkpointer.note_fed(str(getattr(key, "name", key)) for key in feed_dict)
