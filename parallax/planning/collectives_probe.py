@@ -25,6 +25,7 @@ import time
 from typing import Dict, List, Tuple
 
 from parallax.planning.cost import Collective
+from parallax.planning.transport_probe import printed_json
 from runner.free_ports import free_ports
 from runner.resources import is_local
 
@@ -39,13 +40,8 @@ LIBRARIES = ("horovod", "tensorflow")
 def probe(library: str, host: str, shell) -> Collective:
     """What `library`'s collectives cost on `host` (a name of the resources)."""
     words = [sys.executable, "-m", "parallax.planning.collectives_probe", "run", library, host]
-    done = subprocess.run(words if is_local(host) else shell.oneshot(host, words),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=2 * TIMEOUT_SECONDS)
-    if done.returncode != 0:
-        raise RuntimeError(f"the collectives probe on {host} failed: "
-                           f"{done.stderr.strip().splitlines()[-1:]}")
-    terms = json.loads(done.stdout.strip().splitlines()[-1])
+    terms = printed_json(words if is_local(host) else shell.oneshot(host, words),
+                         f"the collectives probe on {host}", 2 * TIMEOUT_SECONDS)
     if set(terms) != set(Collective.__dataclass_fields__) - {"library"}:
         raise RuntimeError(f"the collectives probe measured {sorted(terms)}")
     return Collective(**{name: float(value) for name, value in terms.items()}, library=library)

@@ -160,21 +160,26 @@ def _run(client_host: str, server_host: str, shell, phases: Tuple[str, ...]
         if len(started) != 2 or not all(word.isdigit() for word in started):
             raise RuntimeError(f"the transport probe could not start on {server_host}")
         port, pid = started
-        done = subprocess.run(
+        measured = printed_json(
             _command(client_host, ["measure", client_host, server_host, port, ",".join(phases)]
                      + ([pid] if client_host == server_host else []), shell),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=2 * TIMEOUT_SECONDS)
-        if done.returncode != 0:
-            raise RuntimeError(f"the transport probe from {client_host} to {server_host} "
-                               f"failed: {done.stderr.strip().splitlines()[-1:]}")
-        measured = json.loads(done.stdout.strip().splitlines()[-1])
+            f"the transport probe from {client_host} to {server_host}", 2 * TIMEOUT_SECONDS)
         if set(measured) != set(phases):
             raise RuntimeError(f"the transport probe measured {sorted(measured)}")
         return {name: tuple(values) for name, values in measured.items()}
     finally:
         server.kill()
         server.wait()
+
+
+def printed_json(argv: List[str], probe: str, timeout: float) -> dict:
+    """What a probe's command `argv` printed last, as JSON; or RuntimeError, with the last
+    line of its errors."""
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{probe} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _terms(phases: Dict[str, Tuple[float, float, float]]) -> Transport:
