@@ -9,9 +9,11 @@ CPU than a gRPC pull (benchmarks/results-predictions).
         on HOST: starts two ranks there (LIBRARY's rendezvous or servers listening on HOST's
         address), prints the terms as JSON, and ends (at most TIMEOUT_SECONDS)
     python -m parallax.planning.collectives_probe rank LIBRARY RANK WORKERS
-        one rank (started by `run`): prints, as JSON, per phase (wall, its CPU) seconds a run
+        one rank: prints, as JSON, per phase (wall, its CPU) seconds a run; it ends by
+        itself after TIMEOUT_SECONDS (a peer gone leaves it waiting in a collective)
 
-`probe(library, host, shell)` runs it on `host` (over ssh where it is not this machine).
+`probe(library, host, shell)` starts the ranks, from `run` over ssh where `host` is not this
+machine.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Tuple
 
@@ -38,17 +41,27 @@ LIBRARIES = ("horovod", "tensorflow")
 
 
 def probe(library: str, host: str, shell) -> Collective:
-    """What `library`'s collectives cost on `host` (a name of the resources)."""
+    """What `library`'s collectives cost on `host` (a name of the resources): its ranks
+    started from here where it is this machine, else from a `run` there."""
+    if is_local(host):
+        return measure_ranks(library, host)
     words = [sys.executable, "-m", "parallax.planning.collectives_probe", "run", library, host]
-    terms = printed_json(words if is_local(host) else shell.oneshot(host, words),
-                         f"the collectives probe on {host}", 2 * TIMEOUT_SECONDS)
+    terms = printed_json(shell.oneshot(host, words), f"the collectives probe on {host}",
+                         2 * TIMEOUT_SECONDS)
     if set(terms) != set(Collective.__dataclass_fields__) - {"library"}:
         raise RuntimeError(f"the collectives probe measured {sorted(terms)}")
     return Collective(**{name: float(value) for name, value in terms.items()}, library=library)
 
 
 def run(library: str, host: str) -> None:
-    """Two ranks on this machine, as `library` starts a job's: their terms, printed."""
+    """measure_ranks's terms, printed."""
+    measured = dataclasses.asdict(measure_ranks(library, host))
+    del measured["library"]  # the caller's to name
+    print(json.dumps(measured), flush=True)
+
+
+def measure_ranks(library: str, host: str) -> Collective:
+    """The terms of two ranks on this machine (`host`), started as `library` starts a job's."""
     env, workers = dict(os.environ), ",".join(f"{host}:{port}" for port in free_ports(RANKS))
     rendezvous = None
     if library == "horovod":
@@ -84,12 +97,11 @@ def run(library: str, host: str) -> None:
             error.close()
         if rendezvous is not None:
             rendezvous.stop()
-    measured_terms = dataclasses.asdict(terms(measured))
-    del measured_terms["library"]  # the caller's to name
-    print(json.dumps(measured_terms), flush=True)
+    return dataclasses.replace(terms(measured), library=library)
 
 
 def rank(library: str, index: int, workers: List[str]) -> None:
+    threading.Timer(TIMEOUT_SECONDS, os._exit, (3,)).start()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from parallax import collectives  # pylint: disable=import-outside-toplevel
     from parallax.cluster import Cluster  # pylint: disable=import-outside-toplevel

@@ -42,7 +42,8 @@ def note(problem: Problem, proposal: Proposal) -> str:
                  f"{max(rated, key=rated.get)}")
         if proposal.chosen_rule:
             text += (f"; chosen: {proposal.chosen_rule}, its whole step predicted faster "
-                     f"than {SEARCHED} (which the search rates by its communication)")
+                     f"than {SEARCHED} ({_searched_differs(proposal)}), which the search "
+                     "rates by its communication")
     else:
         text += (f"; compute not measured ({problem.compute_problem})"
                  f"; predicted communication {ms(proposal.step)} a step")
@@ -63,6 +64,16 @@ def _rules(proposal: Proposal) -> str:
     if not proposal.alternatives:
         text += "; no trials: every other plan is predicted slower by more than the model errs"
     return text
+
+
+def _searched_differs(proposal: Proposal) -> str:
+    """Where the search's plan differs from the rule's plan proposed: the three largest
+    variables, each with the search's method."""
+    searched = proposal.searched.methods
+    differ = [f"{name}: {searched[name]}" for name in sorted(
+        searched, key=lambda name: -proposal.stats[name].nbytes)
+        if searched[name] != proposal.methods[name]]
+    return ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
 
 
 def margin(proposal: Proposal, step: float) -> float:

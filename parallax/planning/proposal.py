@@ -54,6 +54,7 @@ class Proposal:
     # The rules' plans predicted slower by more than the model's error: not timed
     beyond_error: List[Alternative] = dataclasses.field(default_factory=list)
     chosen_rule: Optional[str] = None  # the rule's plan predicted faster than the search's
+    searched: Optional[Alternative] = None  # then, the search's plan
 
 
 def propose(problem: Problem, alternatives: bool = True) -> Proposal:
@@ -97,7 +98,7 @@ def by_whole_step(proposal: Proposal, rules: List[Alternative]
     searched = Alternative(SEARCHED, proposal.methods, proposal.machine_stages, proposal.step)
     return (dataclasses.replace(proposal, methods=best.methods,
                                 machine_stages=best.machine_stages, step=best.step,
-                                chosen_rule=best.name),
+                                chosen_rule=best.name, searched=searched),
             [alternative for alternative in rules if alternative is not best] + [searched])
 
 
