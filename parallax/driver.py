@@ -173,7 +173,7 @@ def _measured_with_transport(graph: tf.Graph, analysis: GraphAnalysis, resources
                              settings: Settings, library: str, *shape) -> Measurements:
     """measure(graph, analysis, *shape), with the transport of `resources` and its collectives
     `library` probed meanwhile, one after the other, while the graph's rows are counted; the
-    step is timed once they are done (their processes on the cores made it 20-65% slower)."""
+    step is timed once they are done, as beside their processes it takes longer."""
     with concurrent.futures.ThreadPoolExecutor(1) as background:
         transport = background.submit(launch.probe_transport, resources, settings)
         collective = background.submit(launch.probe_collectives, resources, settings, library)
