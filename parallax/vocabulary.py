@@ -9,6 +9,7 @@ from typing import Callable, Collection, Hashable, Iterable, Iterator, List, Set
 import tensorflow as tf
 
 from parallax import tf_private
+from parallax.errors import ParallaxError
 
 # -- op kinds -------------------------------------------------------------------------------
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
@@ -47,6 +48,30 @@ DIVIDING_OPS = frozenset({"RealDiv", "Div", "DivNoNan"})
 def is_setting(op: tf.Operation) -> bool:
     """A placeholder of one value: a learning rate, a dropout rate, is_training."""
     return op.type in PLACEHOLDER_OPS and op.outputs[0].shape.rank == 0
+
+
+# -- variables ------------------------------------------------------------------------------
+# What a variable's initializer is: the write of its whole value, the value its second input.
+INITIALIZER_OP_TYPES = frozenset({"Assign", "AssignVariableOp"})
+
+
+def initializer_op(variable) -> tf.Operation:
+    """A variable's initializer as an op: tf.compat.v1.train.init_from_checkpoint makes a
+    reference variable's a tensor (its Assign's output)."""
+    initializer = variable.initializer
+    return getattr(initializer, "op", initializer)
+
+
+def load_values(session, variables, values) -> None:
+    """Each of `variables` takes its value of `values`, in one run of `session`: through its
+    initializer, its value fed, however the initializer was built (an initializer, a tensor,
+    a checkpoint's restore). Variable.load does the same, a variable a run."""
+    initializers = [initializer_op(variable) for variable in variables]
+    for variable, op in zip(variables, initializers):
+        if op.type not in INITIALIZER_OP_TYPES:
+            raise ParallaxError(f"{variable.op.name!r} is initialized by {op.name!r}, a "
+                                f"{op.type}, not a write of its value that Parallax can feed")
+    session.run(initializers, {op.inputs[1]: value for op, value in zip(initializers, values)})
 
 
 # -- walks ----------------------------------------------------------------------------------

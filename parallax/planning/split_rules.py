@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.planning.problem import shard_name
-from parallax.vocabulary import FUNCTION_CALL_OPS
+from parallax.vocabulary import FUNCTION_CALL_OPS, initializer_op
 
 # Elementwise ops: computed per shard when every operand not split broadcasts over the rows.
 _ELEMENTWISE = frozenset({
@@ -100,7 +100,7 @@ def families_of(graph: tf.Graph, splits: Dict[str, int]) -> Dict[str, Family]:
                                 "has a dense gradient")
         members = [name] + slots
         family = Family(name, members, shards, rows,
-                        {variables[m].initializer.name: m for m in members})
+                        {initializer_op(variables[m]).name: m for m in members})
         families.update({member: family for member in family.members})
     return families
 

@@ -42,6 +42,7 @@ from parallax.planning import split_rules
 from parallax.planning.analysis import GraphAnalysis, analyze
 from parallax.planning.split_rules import Family, Kind
 from parallax.rewriting.rewire import reroute
+from parallax.vocabulary import initializer_op
 
 
 @dataclasses.dataclass
@@ -198,7 +199,8 @@ def _make_shards(graph, state: _State) -> None:
                         trainable=False, collections=[], use_resource=True,
                         dtype=variable.dtype.base_dtype))
             primaries = primaries or shards
-            state.initializers[variable.initializer.name] = [s.initializer.name for s in shards]
+            state.initializers[initializer_op(variable).name] = [s.initializer.name
+                                                                 for s in shards]
             for key in graph.get_all_collection_keys():
                 listed = graph.get_collection_ref(key)
                 if any(item is variable for item in listed):
@@ -209,7 +211,7 @@ def _make_shards(graph, state: _State) -> None:
 def _initial_value(graph, variables, member, families) -> tf.Tensor:
     """A member's initial value; a slot that starts from its variable's `initialized_value()`
     (a moving average) starts from the variable's initial value, which that is at the start."""
-    initial = graph.get_operation_by_name(variables[member].initializer.name).inputs[1]
+    initial = initializer_op(variables[member]).inputs[1]
     source = split_rules.initialized_value_of(initial, families)
     return initial if source is None else _initial_value(graph, variables, source, families)
 

@@ -28,7 +28,8 @@ from parallax.contracts import VerifyRun
 from parallax.planning.analysis import GraphAnalysis
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check
-from parallax.vocabulary import STATEFUL_RANDOM_OP_TYPES, reached, start_queue_runners
+from parallax.vocabulary import (STATEFUL_RANDOM_OP_TYPES, load_values, reached,
+                                 start_queue_runners)
 
 # Random draws of a step: recorded where one value is drawn for each example (dropout's mask,
 # an augmentation's flip), so that one device draws the workers' values for the combined batch.
@@ -236,9 +237,8 @@ class ReplayRunner(tf_private.SessionInterface):
                    "each worker draws its own set, one device one set for the combined batch")
             self._stop(f"the step {why} ({other[0][1]!r}, {other[0][0]})")
         initial = load(os.path.join(self.run_settings.folder, "initial.npz"))
-        found = variables(self.graph)  # each initializer, its initial value fed
-        self.session.run([v.initializer for v in found], {
-            v.initializer.inputs[1]: initial[v.op.name] for v in found})
+        found = variables(self.graph)
+        load_values(self.session, found, [initial[v.op.name] for v in found])
 
     def _combined_inputs(self, steps) -> Dict[tf.Tensor, np.ndarray]:
         """The step's recorded inputs of every worker (`steps`, each worker's record), joined

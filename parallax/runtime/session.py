@@ -22,7 +22,7 @@ from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check, input_position, recording
 from parallax.runtime.steps import Steps
-from parallax.vocabulary import INPUT_OP_TYPES, start_queue_runners
+from parallax.vocabulary import INPUT_OP_TYPES, initializer_op, start_queue_runners
 
 log = logging.getLogger("parallax")
 # A restore each worker reports to the driver, which stops a job where one worker restored and
@@ -442,10 +442,10 @@ def _initializer_names(graph: tf.Graph) -> set:
     """The initializers Parallax runs itself: of global variables, and of tables."""
     with graph.as_default():
         variables = tf.compat.v1.global_variables()
-    return {v.initializer.name for v in variables} | {
+    return {initializer_op(v).name for v in variables} | {
         op.name for op in graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)}
 
 
 def _local_initializer_names(graph: tf.Graph) -> set:
     with graph.as_default():
-        return {v.initializer.name for v in tf.compat.v1.local_variables()}
+        return {initializer_op(v).name for v in tf.compat.v1.local_variables()}

@@ -24,6 +24,7 @@ import tensorflow as tf
 from parallax.errors import ParallaxError
 from parallax.planning import trials as policy
 from parallax.runtime.session import ParallaxRunner
+from parallax.vocabulary import load_values
 
 log = logging.getLogger("parallax")
 
@@ -198,9 +199,9 @@ def carry(old: ParallaxRunner, new: ParallaxRunner,
     chief's, each worker its own local variables and iterators' positions."""
     shared = _common(old, new, tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     if old.is_chief:
-        _load(new, shared, old.session.run(shared[0]))
+        load_values(new.session, shared[1], old.session.run(shared[0]))
     own = _common(old, new, tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
-    _load(new, own, old.session.run(own[0]))
+    load_values(new.session, own[1], old.session.run(own[0]))
     folder = tempfile.mkdtemp(prefix="parallax-trial-")
     try:
         _carry_iterators(old, new, os.path.join(folder, "iterators"))
@@ -217,14 +218,6 @@ def _common(old: ParallaxRunner, new: ParallaxRunner, key: str):
     pairs = [(v, by_name[v.op.name]) for v in old.transformed_graph.get_collection(key)
              if v.op.name in by_name]
     return [o for o, _ in pairs], [n for _, n in pairs]
-
-
-def _load(runner: ParallaxRunner, pair, values) -> None:
-    """Each variable of pair[1] takes its value through its initializer (Variable.load does
-    the same, one variable a run and with a deprecation warning)."""
-    initializers = [variable.initializer for variable in pair[1]]
-    runner.session.run(initializers, {initializer.inputs[1]: value
-                                      for initializer, value in zip(initializers, values)})
 
 
 def _carry_iterators(old: ParallaxRunner, new: ParallaxRunner, prefix: str) -> None:

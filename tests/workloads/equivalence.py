@@ -60,6 +60,9 @@ MIN_PARTITIONS = 1  # of the 'partitioned' model's embedding (parallax.get_parti
 # weights=mask (SUM_BY_NONZERO_WEIGHTS) for the optimizers of LOSSES_API.
 SENTENCE, LOSSES_API = 6, ("adam", "adagrad")
 MAX_WORKERS = 4
+# A checkpoint the trainable variables start from (tf.compat.v1.train.init_from_checkpoint, as
+# fine-tuning scripts start), which makes a reference variable's initializer a tensor.
+FROM_CHECKPOINT = None
 NUM_EXAMPLES = STEPS * BATCH_PER_WORKER * MAX_WORKERS
 
 
@@ -84,6 +87,21 @@ def set_dense_ids():
     of the embedding, whose 'sparse' gradient is then as large as the variable."""
     global IDS_PER_EXAMPLE, ID_RANGE
     IDS_PER_EXAMPLE, ID_RANGE = 60, VOCAB
+
+
+def write_start_checkpoint(path, model):
+    """A checkpoint of `model`'s trainable variables with values of its own, for
+    FROM_CHECKPOINT: its path."""
+    graph, _, _ = build(model, "sgd", BATCH_PER_WORKER, shard=False)
+    with graph.as_default():
+        trainable = tf.compat.v1.trainable_variables()
+        saver = tf.compat.v1.train.Saver(trainable)
+        rng = np.random.RandomState(99)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for variable in trainable:
+                variable.load(rng.randn(*variable.shape).astype(np.float32) * 0.3, session)
+            return saver.save(session, path)
 
 
 def _initial(shape, seed):
@@ -220,6 +238,9 @@ def build(model, config, batch, shard, loss_scale=1.0):
             per_batch = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=inputs["label"], logits=logits))
         loss = tf.identity(loss_scale * per_batch, name="loss")
+        if FROM_CHECKPOINT:
+            tf.compat.v1.train.init_from_checkpoint(FROM_CHECKPOINT, {
+                v.op.name: v.op.name for v in tf.compat.v1.trainable_variables()})
         global_step = tf.compat.v1.train.get_or_create_global_step()
         optimizer = OPTIMIZERS[optimizer_name]()
         grads, variables = zip(*optimizer.compute_gradients(loss))
@@ -296,6 +317,8 @@ def main():
     args = parser.parse_args()
     if args.dense_ids:
         set_dense_ids()
+    global FROM_CHECKPOINT
+    FROM_CHECKPOINT = args.from_checkpoint
     tf.compat.v1.disable_eager_execution()
     if not args.part:
         _train_models(args, args.out, label="")
@@ -305,8 +328,9 @@ def main():
         name, _, text = part.partition("=")
         part_args = parser.parse_args([*shlex.split(text), "--resources", args.resources,
                                        "--out", os.path.join(args.out, name)])
-        if part_args.part or part_args.dense_ids:
-            parser.error(f"--part {name}: a part takes neither --part nor --dense-ids")
+        if part_args.part or part_args.dense_ids or part_args.from_checkpoint:
+            parser.error(f"--part {name}: a part takes none of --part, --dense-ids and "
+                         "--from-checkpoint")
         _train_models(part_args, part_args.out, label=f"{name}/")
 
 
@@ -329,6 +353,9 @@ def _parser():
     parser.add_argument("--sum", action="store_true",
                         help="aggregate gradients as the sum over workers, not the mean")
     parser.add_argument("--dense-ids", action="store_true", help="see set_dense_ids")
+    parser.add_argument("--from-checkpoint", metavar="PATH",
+                        help="the trainable variables start from this checkpoint "
+                        "(write_start_checkpoint)")
     parser.add_argument("--search-partitions", action="store_true",
                         help="Config.search_partitions (the 'partitioned' model's shards)")
     parser.add_argument("--ps-off", nargs="*", default=[], metavar="OPTION",
