@@ -237,7 +237,7 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     profiler = (Profiler(runtime.profile_config, cluster.worker_id, graph)
                 if runtime.profile_config and first else None)
     return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
-                          cluster.worker_id, describe(plan), checkpointer,
+                          cluster.worker_id, describe(plan, analysis), checkpointer,
                           analysis.training_writes, heartbeat, synchronization, profiler,
                           check_input=runtime.warn_unsharded_input, recorder=recorder)
 

@@ -278,3 +278,25 @@ def test_updates_in_a_v1_cond_are_found_under_tf1_behaviour():
     (update,) = analysis.variables["w"].update_ops
     assert graph.get_operation_by_name(update).type == "ApplyGradientDescent"
     assert analysis.in_v1_cond == {update: "cond/cond_text"}
+
+
+@pytest.mark.parametrize("resource", [True, False], ids=["resource", "reference"])
+def test_what_makes_a_gathered_variables_gradient_dense_is_named(resource):
+    """An l2_loss of a table, or a tied output layer's matmul (BERT's), reads it whole beside
+    its lookups: autodiff sums their dense terms with the rows, and the table is dense. Under
+    TF1 behaviour a reference variable is read through its Identity, `table/read`."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.constant([0, 2, 2], dtype=tf.int64)
+        table = tf.compat.v1.get_variable("table", [4, 2], use_resource=resource)
+        penalized = tf.compat.v1.get_variable("penalized", [4, 2], use_resource=resource)
+        rows = tf.nn.embedding_lookup(table, ids) + tf.nn.embedding_lookup(penalized, ids)
+        logits = tf.matmul(rows, table, transpose_b=True, name="tied_output")
+        loss = tf.reduce_sum(logits) + tf.nn.l2_loss(penalized, name="decay")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    variables = analyze(graph).variables
+    assert not variables["table"].is_sparse and not variables["penalized"].is_sparse
+    assert variables["table"].whole_reads == [("MatMul", "tied_output")]
+    assert variables["penalized"].whole_reads == [("L2Loss", "decay")]
+    sparse = analyze(_build(tf.compat.v1.train.GradientDescentOptimizer(0.1))).variables
+    assert sparse["embedding"].whole_reads == [] and sparse["w"].whole_reads == []

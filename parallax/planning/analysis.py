@@ -35,6 +35,11 @@ class VariableInfo:
     shape: Tuple[int, ...]
     gradients: List[GradientRecord]
     update_ops: List[str]
+    # A dense variable that the forward pass also gathers rows of (an embedding): the ops that
+    # read its whole value beside the gathers (an l2_loss, a tied output layer's matmul), as
+    # (type, name). Their gradient terms are dense, so autodiff sums the rows into a dense
+    # gradient of the whole variable: what makes it dense, for describe() to say.
+    whole_reads: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def is_sparse(self) -> bool:
@@ -187,11 +192,35 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
                                stop=gradient_names, values_only=True)
     losses = [graph.get_tensor_by_name(name).op for name in contracts.read_losses(graph)]
     forward = upstream_ops(losses) | set(losses)
+    for info in variables.values():
+        if not info.is_sparse:
+            info.whole_reads = _whole_reads(graph.get_operation_by_name(info.name), forward)
     denominators, unclear_denominators = _loss_denominators(forward, trained, from_data, sizes)
     return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
                          batch_moments(graph), fused, before_gradients,
                          _differentiated(graph, records, writes), summed, unclear,
                          denominators, unclear_denominators, _in_v1_cond(graph, writes))
+
+
+# Reads of a variable's rows: their gradient is the rows' alone (IndexedSlices).
+_ROW_GATHERS = frozenset({"ResourceGather", "GatherV2", "Gather"})
+# Ops that pass a variable's whole value on, read or not (TF1's "var/read" Identity).
+_VALUE_PASSING = frozenset({"ReadVariableOp", "Identity"})
+
+
+def _whole_reads(variable: tf.Operation, forward: Set[tf.Operation]) -> List[Tuple[str, str]]:
+    """VariableInfo.whole_reads of `variable`: empty unless `forward` (the ops computing the
+    losses) also gathers rows of it."""
+    def consumers_in_forward(op):
+        return [c for out in op.outputs for c in out.consumers() if c in forward]
+
+    passing = set(walk([variable], lambda op: [c for c in consumers_in_forward(op)
+                                               if c.type in _VALUE_PASSING]))
+    readers = {c for op in passing for c in consumers_in_forward(op)} - passing
+    gathers = {op for op in readers if op.type in _ROW_GATHERS and op.inputs[0].op in passing
+               and (op.type != "GatherV2" or tf.get_static_value(op.inputs[2]) == 0)}
+    return sorted(((op.type, op.name) for op in readers - gathers),
+                  key=lambda read: read[1]) if gathers else []
 
 
 def _in_v1_cond(graph: tf.Graph, writes: Dict[str, List[str]]) -> Dict[str, str]:

@@ -1,18 +1,22 @@
-"""`runner.describe()`: the plan as a table of every variable — kind, shape, bytes, where it
-lives, how it is synchronized — and, under AUTO, what the cost model predicted for it."""
+"""`runner.describe()`: the plan as a table of every trained variable — kind, shape, bytes, where
+it lives, how it is synchronized — and, under AUTO, what the cost model predicted for it; then
+every other variable of the graph (slots, global_step, moving averages), and how each follows."""
 from __future__ import annotations
 
-from typing import Dict
+import textwrap
+from typing import Dict, List, Optional
 
 from parallax.planning import cost
+from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.plan import Plan, Sync, cost_shape
 
 
-def describe(plan: Plan) -> str:
-    """A table of every variable: kind, shape, bytes, where it lives, how it is synchronized;
-    under AUTO also alpha (the share of its rows one worker's batch touches), the bytes that
-    its busiest link direction carries in a step as predicted (in each of the step's phases,
-    cost.link_phases), and the share of the predicted step those bytes take."""
+def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None) -> str:
+    """A table of every trained variable: kind, shape, bytes, where it lives, how it is
+    synchronized; under AUTO also alpha (the share of its rows one worker's batch touches), the
+    bytes that its busiest link direction carries in a step as predicted (in each of the step's
+    phases, cost.link_phases), and the share of the predicted step those bytes take. With the
+    `analysis` the plan is bound to, the graph's other variables after it."""
     stats = plan.decision.variable_stats() if plan.decision is not None else {}
     predicted = _predicted_bytes(plan, stats)
     rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
@@ -73,7 +77,76 @@ def describe(plan: Plan) -> str:
     if plan.loss_denominators and not plan.asynchronous:
         header += ("\nloss divided by a sum over the batch: by the combined batch's, as on one "
                    f"device: {', '.join(plan.loss_denominators)}")
-    return "\n".join([header] + lines)
+    other = _other_variables(plan, analysis) if analysis is not None else []
+    return "\n".join([header] + _made_dense(plan) + lines + other)
+
+
+def _made_dense(plan: Plan) -> List[str]:
+    """A line for each variable whose rows are gathered but whose gradient autodiff made dense
+    (analysis.VariableInfo.whole_reads): what made it so, and what it costs a step."""
+    lines = []
+    for var_plan in plan.variables.values():
+        info = var_plan.variable
+        if not info.whole_reads:
+            continue
+        terms = " and ".join(f"{op_type!r} (op {name!r})" for op_type, name in info.whole_reads)
+        cost_of = (f"pushed whole to server {var_plan.server}, {info.nbytes} bytes from each "
+                   "worker a step" if var_plan.sync is Sync.PS
+                   else f"allreduced whole, {info.nbytes} bytes a step")
+        lines.append(f"{info.name}: dense, its gradient adds a dense term from {terms} to its "
+                     f"gathered rows: {cost_of}")
+    return lines
+
+
+def _other_variables(plan: Plan, analysis: GraphAnalysis) -> List[str]:
+    """Every variable of the graph without a gradient of its own: the state that lives and is
+    updated with its variable (slots, moving averages of it) under that variable, the rest
+    grouped by how it is kept."""
+    def where(name: str) -> str:
+        server = plan.server_of(name)
+        return "every worker" if server is None else f"server {server}"
+
+    following: Dict[str, List[str]] = {}
+    kept: Dict[str, List[str]] = {}
+    for state in analysis.extra_state.values():
+        if (state.owner in plan.variables and state.after_gradients and not state.per_worker
+                and where(state.name) == where(state.owner)):
+            following.setdefault(state.owner, []).append(state.name)
+        else:
+            kept.setdefault(_how_kept(plan, state, where(state.name)), []).append(state.name)
+    untouched = [name for name in analysis.all_variables
+                 if name not in plan.variables and name not in analysis.extra_state]
+    if untouched:
+        kept["every worker, not written by training (worker 0's initial value)"] = untouched
+    count = sum(map(len, following.values())) + sum(map(len, kept.values()))
+    if not count:
+        return []
+    lines = [f"other variables, without a gradient of their own: {count}"]
+    if following:
+        lines.append("  living and updated with their variable (slots, moving averages of it):")
+        lines += [_listed(f"    {owner}: ", names) for owner, names in following.items()]
+    lines += [_listed(f"  {how}: ", names) for how, names in kept.items()]
+    return lines
+
+
+def _how_kept(plan: Plan, state, where: str) -> str:
+    """How extra state that does not simply follow a trained variable is kept."""
+    if state.per_worker:
+        summed = any(op in plan.summed_writes for op in state.update_ops)
+        return (f"every worker, written from each worker's data, each write "
+                f"{'summed' if summed else 'averaged'} over workers")
+    if where != "every worker":
+        return f"{where}, updated there " + ("by each worker's steps" if plan.asynchronous
+                                             else "once a step, by the chief")
+    if state.after_gradients:
+        return "every worker, each replica updating its own copy alike, once a step"
+    return "every worker, each its own, written apart from the gradients"
+
+
+def _listed(prefix: str, names: List[str]) -> str:
+    return textwrap.fill(", ".join(names), width=100, initial_indent=prefix,
+                         subsequent_indent=" " * len(prefix), break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def _predicted_bytes(plan: Plan, stats: Dict[str, cost.VariableStats]) -> Dict[str, float]:
