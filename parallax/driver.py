@@ -17,7 +17,7 @@ from parallax.config import Config, PlanOptions
 from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
-from parallax.planning.measure import Measurements, input_batch, measure
+from parallax.planning.measure import Measurements, input_batch, measure, unmeasurable
 from parallax.partitioner import partitioned_variables
 from parallax.planning.plan import (Decision, Plan, check_plan, effective_run_option,
                                     make_plan)
@@ -25,7 +25,7 @@ from parallax.planning.planner import decide
 from parallax.planning.problem import Cores
 from parallax.planning.query import report
 from parallax.rewriting.split_variables import copy_and_split
-from parallax.runtime.query import QueryRunner
+from parallax.runtime.query import FedSteps, QueryRunner
 from runner.settings import Settings
 
 
@@ -61,13 +61,15 @@ def answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
             cost.Links(query.bandwidth, query.latency), inside,
             Cores(query.cores or os.cpu_count() or 1))
 
-    def answered(measured: Measurements, fed_batch: Optional[int] = None) -> NoReturn:
+    def answered(measured: Measurements, fed_batch: Optional[int] = None,
+                 fed: Optional[FedSteps] = None) -> NoReturn:
         batch, unknown = ((query.batch or fed_batch, None) if query.batch or fed_batch
                           else input_batch(graph))
         written = f"{query.out}.part"
         with open(written, "w", encoding="utf-8") as out:
             json.dump(report(graph, analysis, measured, config.plan_options, query.step, batch,
-                             unknown, links_given=not query.resources), out, indent=1)
+                             unknown, links_given=not query.resources,
+                             fed=dataclasses.asdict(fed) if fed else None), out, indent=1)
         os.replace(written, query.out)
         raise SystemExit(0)
 
@@ -116,8 +118,8 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
     cluster (options.trial_steps), if any. `settings`: how the links' probe reaches the
     hosts."""
     if options.decides:
-        measured = measure_job(graph, analysis, resources, settings,
-                               collectives.choose(options.collectives))
+        measured = _driver_measurement(graph, analysis, resources, settings,
+                                       collectives.choose(options.collectives))
         decision = decide(graph, analysis, measured, options)
     else:
         check_plan(analysis, options)  # a graph it refuses fails before the resources are read
@@ -153,6 +155,18 @@ def _shards_change(graph: tf.Graph, decision: Decision) -> bool:
 def _first_three(names) -> str:
     names = list(names)
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def _driver_measurement(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
+                        settings: Settings, library: str) -> Measurements:
+    """measure_job's, said as it starts, as it takes seconds; none where the graph cannot be
+    measured: the plan is then a rule's, which no link, transport or step changes."""
+    unmeasured = unmeasurable(graph, analysis)
+    if unmeasured:
+        return Measurements(launch.workers_per_machine(resources), problem=unmeasured)
+    launch.say("planning: measuring the graph's input and step, the links, TensorFlow's "
+               "transport and the collectives before the workers start")
+    return measure_job(graph, analysis, resources, settings, library)
 
 
 def measure_job(graph: tf.Graph, analysis: GraphAnalysis, resources: str,

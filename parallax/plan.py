@@ -95,6 +95,9 @@ def text(answer: dict, script: str) -> str:
             f"message {ring['message_seconds'] * 1e3:.2g} ms, of CPU "
             f"{ring['cpu_message'] * 1e3:.2g} ms; a MB {ring['cpu_byte'] * 1e9:.2g} ms; "
             f"an allgather {ring['cpu_allgather'] * 1e3:.2g} ms")
+    fed = answer.get("fed")
+    if fed:
+        lines.append(_fed_steps(fed))
     batch = answer["batch"]
     lines.append(f"batch: {batch['per_worker']} examples a worker, {batch['combined']} combined"
                  if "per_worker" in batch else f"batch unknown ({batch['unknown']}; --batch)")
@@ -126,6 +129,19 @@ def text(answer: dict, script: str) -> str:
                          f"{'' if rule['timed'] else ', not timed'})"
                          for name, rule in auto["rules"].items()))
     return "\n".join(lines)
+
+
+def _fed_steps(fed: dict) -> str:
+    """Which of a feeding script's runs were measured as the workers' batches."""
+    steps, workers = fed["training_steps"], fed["workers"]
+    said = (f"input fed by the script: its first {steps} training steps' feeds, one a worker; "
+            "the script ends at the last" if steps == workers else
+            f"input fed by the script: its {steps} training steps' feeds, reused in turn for "
+            f"{workers} workers")
+    if fed["other_runs"]:
+        said += (f"; {fed['other_runs']} runs between them fetched no training op "
+                 "(an evaluation's) and are not counted")
+    return said
 
 
 def _method(methods: dict, name: str) -> str:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import load_workload
 import parallax  # noqa: F401  (records gradients)
-from parallax import contracts
+from parallax import contracts, driver, launch
 from parallax.planning import cost, explanation, measure, planner, proposal
 from parallax.planning.analysis import analyze
 from parallax.planning.plan import Decision
@@ -202,11 +203,28 @@ def test_a_graph_written_for_tensorflows_parameter_servers_is_measured():
     assert graph.get_operation_by_name("table").device == "/job:ps/task:0"  # left as built
 
 
-def test_a_fed_graph_gets_hybrids_rule_and_says_why():
+def test_a_fed_graph_gets_hybrids_rule_and_says_why(monkeypatch):
     graph = _graph(vocab=1000, ids_per_batch=0, feed=True)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
     assert decision.note == "HYBRID's rule: the input comes through feed_dict ('Placeholder')"
+
+    # DeepFM's graph (issue 69), fed and evaluated between its steps: the driver counts no
+    # run's rows, and probes nothing the rule does not need (it spent 28 s before the workers
+    # started, where HYBRID spends 5).
+    def probed(*args):
+        raise AssertionError(f"probed for a plan already fixed: {args}")
+
+    for probe in ("probe_links", "probe_transport", "probe_collectives"):
+        monkeypatch.setattr(launch, probe, probed)
+    monkeypatch.setattr(measure, "measure_in", probed)
+    graph = load_workload("click_through").build()
+    options = Config(run_option="AUTO")
+    plan = driver.make_job_plans(graph, analyze(graph), "localhost:0,1",
+                                 options.plan_options, options.launch_settings)[0]
+    assert plan.decision.stats == {} and plan.decision.note == (
+        "HYBRID's rule: the input comes through feed_dict ('feat_index')")
+    assert plan.decision.methods["feature_embeddings"]["how"] == cost.PS
 
 
 

@@ -42,13 +42,17 @@ class Measurements:
     timing: Optional["Timing"] = None  # one worker's step alone
     problem: Optional[str] = None  # why the statistics were not measured
     compute_problem: Optional[str] = None  # why the step was not timed
-    fed: bool = False  # the problem: the input comes from the script's feed_dict
     transport: Optional[cost.Transport] = None  # TensorFlow's gRPC, probed; None: not
     collective: Optional[cost.Collective] = None  # the job's collectives, probed; None: not
 
     @property
     def shape(self) -> cost.Shape:
         return cost.Shape(len(self.workers_per_machine), max(self.workers_per_machine))
+
+    @property
+    def fed(self) -> bool:
+        """Whether the problem is that the input comes from the script's feed_dict."""
+        return bool(self.problem and self.problem.startswith(FED))
 
 
 def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[int],
@@ -59,12 +63,9 @@ def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[
     """The probe of `graph` for a job of `workers_per_machine`, with the links and cores
     measured. `before_timing()` returns when the step may be timed alone (other probes
     done)."""
-    measured = Measurements(workers_per_machine, links, within_machine, cores)
-    needed, free = variables_bytes(graph), psutil.virtual_memory().available
-    if needed > PROBE_MEMORY_SHARE * free:
-        measured.problem = (
-            f"the probe would allocate the graph's variables, {needed / 1e9:.3g} GB, more "
-            f"than {PROBE_MEMORY_SHARE:.0%} of the driver's free memory ({free / 1e9:.3g} GB)")
+    measured = Measurements(workers_per_machine, links, within_machine, cores,
+                            problem=unmeasurable(graph, analysis))
+    if measured.problem:
         return measured
     try:
         with _probe_session(copy_graph(graph)) as session:
@@ -74,11 +75,25 @@ def measure(graph: tf.Graph, analysis: GraphAnalysis, workers_per_machine: List[
     return measured
 
 
+def unmeasurable(graph: tf.Graph, analysis: GraphAnalysis) -> Optional[str]:
+    """Why the probe cannot measure `graph`, told without running it, or None: its variables
+    would take more than PROBE_MEMORY_SHARE of the driver's free memory, or its sparse
+    gradients' ids come through feed_dict."""
+    needed, free = variables_bytes(graph), psutil.virtual_memory().available
+    if needed > PROBE_MEMORY_SHARE * free:
+        return (f"the probe would allocate the graph's variables, {needed / 1e9:.3g} GB, more "
+                f"than {PROBE_MEMORY_SHARE:.0%} of the driver's free memory ({free / 1e9:.3g} GB)")
+    fed = _fed_placeholders(graph, [graph.get_tensor_by_name(r.indices).op.name
+                                    for v in analysis.sparse for r in v.gradients
+                                    if r.is_sparse])
+    return f"{FED} ({fed[0].name!r})" if fed else None
+
+
 def measure_in(session: tf.compat.v1.Session, analysis: GraphAnalysis,
                measured: Measurements, feeds: Sequence[dict] = (),
                before_timing: Callable[[], None] = lambda: None) -> None:
     """The rows and the step, measured in a probe session into `measured`; `feeds`: the
-    feed_dicts of the script's own first steps, for a graph fed through feed_dict."""
+    feed_dicts of the script's own first training steps, for a graph fed through feed_dict."""
     stats, measured.problem = measure_rows(session, analysis, measured.shape.workers, feeds)
     if not measured.problem:
         before_timing()
@@ -90,7 +105,6 @@ def measure_in(session: tf.compat.v1.Session, analysis: GraphAnalysis,
                 var, ready=timed.ready.get(name, 1.0), update=timed.update.get(name, 0.0))
                 for name, var in stats.items()}
     measured.stats = stats
-    measured.fed = bool(measured.problem and measured.problem.startswith(FED))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,9 +163,6 @@ def measure_rows(session: tf.compat.v1.Session, analysis: GraphAnalysis, batches
     sparse = {v.name: [session.graph.get_tensor_by_name(r.indices) for r in v.gradients
                        if r.is_sparse] for v in analysis.sparse}
     ids: Dict[str, List[np.ndarray]] = {name: [] for name in sparse}
-    fed = _fed_placeholders(session.graph, [t.op.name for ts in sparse.values() for t in ts])
-    if fed and not feeds:
-        return {}, f"{FED} ({fed[0].name!r})"
     try:
         for batch in range(batches if sparse else 0):
             feed = feeds[batch % len(feeds)] if feeds else None
@@ -244,12 +255,6 @@ def _iterator_initializers(graph: tf.Graph) -> List[tf.Operation]:
         if op.type == "MakeIterator" and not _fed_placeholders(graph, [op.name]):
             first.setdefault(op.inputs[1].op.name, op)
     return list(first.values())
-
-
-def fed_inputs(graph: tf.Graph, analysis: GraphAnalysis) -> List[str]:
-    """The tensors a training step needs fed (by the script's feed_dict), by name."""
-    writes = list(dict.fromkeys(analysis.training_writes))
-    return [op.outputs[0].name for op in _fed_placeholders(graph, writes) if not is_setting(op)]
 
 
 def probe_session(graph: tf.Graph):

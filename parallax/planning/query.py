@@ -22,11 +22,13 @@ RUN_OPTIONS = ("AR", "PS", "HYBRID", "AUTO")
 
 def report(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
            options: PlanOptions, step: Optional[float], batch: Optional[int],
-           batch_problem: Optional[str], links_given: bool = False) -> dict:
+           batch_problem: Optional[str], links_given: bool = False,
+           fed: Optional[dict] = None) -> dict:
     """Each run option's plan for what was `measured`; `step`: one worker's step alone in
     seconds, in place of the measured one (another machine's, an accelerator's); `batch`: the
     examples of one worker's batch (None: `batch_problem` says why it is not known);
-    `links_given`: the links are the user's, not measured."""
+    `links_given`: the links are the user's, not measured; `fed`: whose feeds were measured,
+    for a graph the script feeds (runtime.query.FedSteps)."""
     problems, searched = {}, {}
     for run_option in RUN_OPTIONS:
         asked = dataclasses.replace(options, run_option=run_option)
@@ -40,7 +42,7 @@ def report(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     first = problems["AUTO"]
     plans = {name: _plan(problem, propose(problem) if searched[name] else by_rule(problem),
                          batch, auto=name == "AUTO") for name, problem in problems.items()}
-    return {
+    answer = {
         "cluster": {"machines": first.shape.machines,
                     "workers_per_machine": first.shape.workers_per_machine,
                     "link": dataclasses.asdict(first.links),
@@ -53,6 +55,9 @@ def report(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         "variables": [_variable(var, analysis) for var in first.variables.values()],
         "plans": plans,
     }
+    if fed:
+        answer["fed"] = {**fed, "workers": first.shape.workers}
+    return answer
 
 
 def _terms(problem: Problem, step: Optional[float]) -> Dict[str, object]:
