@@ -224,16 +224,20 @@ def _run_job(hosts, address, settings: Settings, runtime: RuntimeOptions, shell:
 
 def _watchdog(control: ControlServer, warn_unsharded_input: bool):
     """control.check, which says why the job must stop; and, once, the warning of workers
-    that all read the same input (runtime/input_check.py)."""
+    that all read the same input, or whose first batches have rows in common
+    (runtime/input_check.py)."""
     warned = not warn_unsharded_input
 
     def check(exited):
         nonlocal warned
-        if not warned:
-            same = control.identical_digests()
+        reported = None if warned else control.reported_digests()
+        if reported is not None:  # every worker's first report, final
+            warned = True
+            same, shared = control.identical_digests(), input_check.shared_rows(reported)
             if same:
-                warned = True
-                say(input_check.warning(same, len(control.workers)))
+                say(input_check.warning(same, len(reported)))
+            elif shared:
+                say(input_check.shared_rows_warning(shared, len(reported)))
         return control.check(exited)
     return check
 

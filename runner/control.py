@@ -305,6 +305,13 @@ class ControlServer:
                 self._status[name].since_taken = Progress(steps=progress.steps)
         return taken
 
+    def reported_digests(self) -> Optional[List[Dict[str, str]]]:
+        """Each worker's digests as it first reported them (they change no more), once every
+        worker has reported and there are several workers; else None."""
+        with self._lock:
+            reported = [dict(self._status[name].digests) for name in self.workers]
+        return reported if len(reported) > 1 and all(reported) else None
+
     def identical_digests(self) -> Optional[List[str]]:
         """The names of the digests every worker reported, when there are several workers,
         all have reported the same names, and each name's digest is the same on all; else

@@ -292,6 +292,8 @@ import parallax
 
 shard_dataset, own_rows, silence = (arg == "1" for arg in sys.argv[1:4])
 take_rows = sys.argv[1] == "rows"  # each worker reads the combined batch and takes its rows
+# DeepFM's example: each worker shuffles with an unseeded np.random and takes its share
+shuffled = sys.argv[2] == "shuffled"
 tf.compat.v1.disable_eager_execution()
 data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
 graph = tf.Graph()
@@ -312,28 +314,38 @@ runner = parallax.get_runner(graph, "localhost:0,1",
                              parallax.Config(run_option="AR", warn_unsharded_input=not silence))
 for step in range(20):
     rows = data[8 * runner.worker_id:8 * runner.worker_id + 8] if own_rows else data[:8]
+    if shuffled:
+        rows = data[np.random.permutation(64)[runner.worker_id::runner.num_workers]]
     runner.run(train, feed_dict={fed: rows, rate: 0.01})
 """
 
 
 @pytest.mark.parametrize("shard_dataset,own_rows,silence,warned", [
     ("0", "0", "0", ["tf.data 'IteratorGetNext'", "feed 'fed_rows'"]),
-    ("1", "1", "0", []), ("1", "0", "0", []), ("rows", "1", "0", []), ("0", "0", "1", [])],
-    ids=["unsharded", "sharded", "sharded-dataset-same-feed", "rows-taken-in-the-graph",
-         "silenced"])
+    ("1", "shuffled", "0", ["feed 'fed_rows'"]), ("1", "0", "0", []), ("rows", "1", "0", []),
+    ("0", "0", "1", [])],
+    ids=["unsharded", "sharded-dataset-shuffled-feed", "sharded-dataset-same-feed",
+         "rows-taken-in-the-graph", "silenced"])
 def test_workers_that_all_read_the_same_input_are_told_once(tmp_path, shard_dataset,
                                                             own_rows, silence, warned):
     """The newcomer's mistake (a tutorial run without its sharding line trained on copies of
     one batch, silently): said once by the driver, naming the inputs, not the fed rate. An
     input any worker reads differently is taken as sharded, and so is one of which each worker
-    takes its rows by parallax.num_shards_and_shard_id(), as the warning advises."""
+    takes its rows by parallax.num_shards_and_shard_id(), as the warning advises (beside a
+    sharded dataset, or the rows fed). Its subtler form, shares of unseeded shuffles, is told
+    by the rows the first batches have in common; a feed equal on every worker is not."""
     script = tmp_path / "unsharded.py"
     script.write_text(UNSHARDED)
     result = run_job(str(script), shard_dataset, own_rows, silence, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    said = [line for line in result.stderr.splitlines() if "read the same input" in line]
+    said = [line for line in result.stderr.splitlines()
+            if "read the same input" in line or "have rows in common" in line]
     assert len(said) == (1 if warned else 0), said
-    if warned:
+    if warned and own_rows == "shuffled":
+        assert said[0].startswith("[driver] parallax: the first training batches of the 2 "
+                                  "workers have rows in common")
+        assert "feed 'fed_rows': " in said[0] and "tf.data" not in said[0]
+    elif warned:
         assert said[0].startswith("[driver] parallax: every worker read the same input")
         assert all(name in said[0] for name in warned) and "'rate'" not in said[0]
         assert "parallax.shard(dataset)" in said[0] and "2 copies of one batch" in said[0]
