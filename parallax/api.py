@@ -10,7 +10,7 @@ from parallax import contracts, driver, worker
 from parallax.config import CheckpointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
-from parallax.runtime import monitored, recording
+from parallax.runtime import combined_batch, monitored, recording
 from runner import slurm
 from runner.control import Heartbeat
 
@@ -44,7 +44,13 @@ def shard(dataset):
         # the checkpoint's job ended (runtime/input_position.py).
         read = contracts.read_input_skip()
         dataset = dataset.skip(read) if read else dataset
-        return dataset if num_workers == 1 else dataset.shard(num_workers, worker_id)
+        if num_workers == 1:
+            return dataset
+        dataset = dataset.shard(num_workers, worker_id)
+        verify_run = contracts.read_verify_run()
+        if contracts.role() == "driver" and verify_run and verify_run.phase == contracts.ONE_DEVICE:
+            combined_batch.combine_fixed_batches(dataset, num_workers)
+        return dataset
     if isinstance(dataset, (list, tuple)) and all(isinstance(f, (str, bytes)) for f in dataset):
         files = list(dataset)[worker_id::num_workers]
         if not files:

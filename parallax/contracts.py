@@ -65,6 +65,14 @@ class VerifyRun:
     phase: str  # "distributed" or "one device"
     resources: str = ""  # the distributed run's, in place of the script's
     workers: int = 0  # the one-device run's parallax.num_workers(): the distributed run's
+    # the one-device run with each combined batch's examples in reverse order: how far one
+    # device is from itself by the order of its sums alone
+    reordered: bool = False
+
+    @property
+    def one_device_file(self) -> str:
+        return os.path.join(self.folder, "one_device_reordered.npz" if self.reordered
+                            else "one_device.npz")
 
     def to_env(self) -> Dict[str, str]:
         return {VERIFY_ENV: json.dumps(dataclasses.asdict(self))}

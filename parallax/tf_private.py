@@ -61,6 +61,8 @@ PRIVATE_NAMES = [
     ("tensorflow.python.framework.ops", "Graph._get_control_flow_context", "callable"),
     ("tensorflow.python.framework.ops", "Graph._set_control_flow_context", "callable"),
     ("tensorflow.python.ops.variables", "Variable._save_slice_info", "instance"),
+    ("tensorflow.python.data.ops.dataset_ops", "DatasetV2._inputs", "callable"),
+    ("tensorflow.python.data.ops.dataset_ops", "DatasetV2._variant_tensor", "property"),
 ]
 
 
@@ -164,6 +166,18 @@ def save_slice_info(variable) -> Optional[object]:
     shape and offset), or None."""
     # Why: tf.compat.v1 partitioned variables expose their parts' slice info only privately.
     return getattr(variable, "_save_slice_info", None)
+
+
+def dataset_inputs(dataset) -> List[object]:
+    """The datasets `dataset` reads from (a map's, a batch's source)."""
+    # Why: tf.data keeps a dataset's sources privately.
+    return list(dataset._inputs())  # pylint: disable=protected-access
+
+
+def dataset_variant(dataset) -> tf.Tensor:
+    """The tensor a dataset is in a graph (a DatasetV1Adapter's is the dataset's it wraps)."""
+    # Why: tf.data keeps a dataset's graph tensor privately.
+    return dataset._variant_tensor  # pylint: disable=protected-access
 
 
 # --- The gradient hooks of capture.py: autodiff has no public hook. ---------------------------

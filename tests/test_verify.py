@@ -11,7 +11,8 @@ import pytest
 from conftest import REPO, WORKLOADS
 import tensorflow as tf
 
-from parallax import verify
+import parallax
+from parallax import contracts, verify
 from parallax.runtime import input_check, recording
 
 SCRIPT = os.path.join(WORKLOADS, "verified.py")
@@ -69,6 +70,45 @@ def test_batches_padded_each_to_its_longest_sentence_of_strings_are_joined_as_on
     # verify's own tolerance: Adam's steps turn the sums' float order into up to ~1e-5 here
     assert all(result == "ok" for _, result in table.values())
     assert "PASS: all 12 variables of the 3 workers" in out
+
+
+@pytest.mark.job
+def test_a_script_as_bert_writes_it_with_an_order_sensitive_variable_passes(tmp_path):
+    """As BERT's run_classifier: batches of a fixed size (drop_remainder=True) whose size the
+    graph's shapes are built from, and one device's graph takes the combined batch; dropout
+    drawn over batch x words rows, joined in blocks of each example's rows; variables
+    initialized from a checkpoint (init_from_checkpoint: a reference variable's initializer is
+    then a tensor). A bias before a batch normalization moves by Adam's rate on rounding alone:
+    one device reordered is as far from itself, and verify says so beside the numbers."""
+    checkpoint = _start_checkpoint(str(tmp_path / "start"))
+    code, out, err = _verify(SCRIPT, "localhost", "30", "--as-bert", checkpoint,
+                             "--order-sensitive", "--run-option", "HYBRID",
+                             "--resources", TWO_MACHINES, "--steps", "6")
+    assert code == 0, out + err[-3000:]
+    assert "not within the tolerance: the one-device run again, each combined batch's " in err
+    header = out[out.rindex("\nvariable "):].splitlines()[1]
+    assert header.split()[-2:] == ["device", "result"], header
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.startswith(("normalized/bias ", "global_step "))}
+    bias = rows["normalized/bias"].split()
+    assert " ".join(bias[5:]) == "within one device's own rounding (order-sensitive)", bias
+    assert 0.01 < float(bias[1]) <= verify.ORDER_MARGIN * float(bias[4]), bias
+    assert rows["global_step"].split()[4:] == ["-", "ok"]
+    assert "PASS: all 24 variables of the 3 workers within 1e-05" in out
+    assert "order-sensitive: normalized/bias" in out
+    assert "NOT COMPARED" not in err
+
+
+def _start_checkpoint(prefix):
+    """The embedding's and the hidden kernel's values the --as-bert script starts from."""
+    graph = tf.Graph()
+    with graph.as_default():
+        rng = np.random.RandomState(7)
+        variables = [tf.compat.v1.Variable(rng.randn(*shape).astype(np.float32) * 0.2, name=name)
+                     for name, shape in (("embedding", (50, 16)), ("hidden/kernel", (16, 32)))]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.variables_initializer(variables))
+            return tf.compat.v1.train.Saver(variables).save(session, prefix)
 
 
 @pytest.mark.job
@@ -150,6 +190,27 @@ def test_each_variable_is_judged_by_its_worst_worker_and_listed_worst_first():
     assert "FAIL: 1 of 3 variables not within 1e-05 + 0.0001 x |one device| (w)" in text
 
 
+def test_a_failed_variable_within_one_devices_own_rounding_passes_as_order_sensitive():
+    one = {"bias": np.array([0.5, 0.1]), "w": np.array([1.0]), "step": np.array(3)}
+    reordered = {"bias": np.array([0.45, 0.1]), "w": np.array([1.0]), "step": np.array(3)}
+    worker = {"bias": np.array([0.35, 0.1]), "w": np.array([1.1]), "step": np.array(3)}
+    rows = verify.compare(one, [worker], atol=1e-5, rtol=1e-4)
+    verify.judge_order(rows, one, reordered)
+    by_name = {row.name: row for row in rows}
+    assert by_name["bias"].passed and by_name["bias"].order_sensitive  # 0.15 <= 4 x 0.05
+    assert by_name["bias"].own == pytest.approx(0.05)
+    assert not by_name["w"].passed and by_name["w"].own == 0.0  # one device is itself there
+    assert [row.name for row in rows] == ["w", "bias", "step"]
+    text = verify.report(rows, "train.py", "h:0,1", 1, 5, 1e-5, 1e-4)
+    assert "bias" in text and "within one device's own rounding (order-sensitive)" in text
+    assert "FAIL: 1 of 3 variables" in text
+    rows = verify.compare(one, [dict(worker, w=np.array([1.0]))], atol=1e-5, rtol=1e-4)
+    verify.judge_order(rows, one, reordered)
+    assert ("PASS: all 3 variables of the 1 workers within 1e-05 + 0.0001 x |one device|, or "
+            "within 4 x one device's own rounding where the order of its sums moves it (1 "
+            "order-sensitive: bias)") in verify.report(rows, "t.py", "h:0", 1, 5, 1e-5, 1e-4)
+
+
 
 def test_the_padding_value_is_found_behind_the_iterator_and_nowhere_else():
     def padded(dataset):
@@ -186,3 +247,38 @@ def test_strings_are_recorded_and_read_back_without_pickle(tmp_path):
     assert set(loaded) == {"IteratorGetNext:0", "ids"}
     assert loaded["IteratorGetNext:0"].tolist() == strings.tolist()
     assert loaded["ids"].tolist() == [0, 1, 2]
+
+
+def test_one_devices_fixed_size_batches_of_a_sharded_dataset_hold_the_combined_batch():
+    """In verify's one-device run (3 workers), as BERT's input builds them: the batches of
+    drop_remainder=True read from the sharded dataset are 3 times as large, statically; others
+    are left as they are."""
+    run = contracts.VerifyRun("unused", 2, contracts.ONE_DEVICE, workers=3)
+    with contracts.environment(run.to_env()), tf.Graph().as_default():
+        rows = tf.data.Dataset.from_tensor_slices(np.zeros((60, 4), np.float32))
+        sharded = parallax.shard(rows)
+        shapes = [tf.compat.v1.data.get_output_shapes(dataset).as_list() for dataset in (
+            sharded.map(lambda x: x + 1).repeat().batch(8, drop_remainder=True),
+            sharded.apply(tf.data.experimental.map_and_batch(lambda x: x, 8,
+                                                             drop_remainder=True)),
+            sharded.padded_batch(8, padded_shapes=[4], drop_remainder=True),
+            sharded.batch(8), rows.batch(8, drop_remainder=True))]
+    assert shapes == [[24, 4], [24, 4], [24, 4], [None, 4], [8, 4]]
+
+
+def test_draws_in_blocks_of_an_examples_rows_are_told_from_draws_over_heads():
+    with tf.Graph().as_default():
+        words = tf.compat.v1.placeholder(tf.float32, [8, 3, 16])
+        rows = tf.matmul(tf.reshape(words, [24, 16]), tf.ones([16, 16]))
+        tf.nn.dropout(rows, rate=0.1)  # a static shape: the mask leads to the tensor
+        dynamic = tf.compat.v1.placeholder(tf.float32, [None, 3, 16])
+        tf.nn.dropout(tf.nn.relu(tf.reshape(dynamic, [-1, 16])), rate=0.1)  # Shape leads
+        tf.nn.dropout(tf.concat(tf.split(words, 2, axis=2), axis=0), rate=0.1)
+        draws = {name: next(op.outputs[0] for op in tf.compat.v1.get_default_graph()
+                            .get_operations() if op.type == "RandomUniform"
+                            and op.name.startswith(name))
+                 for name in ("dropout/", "dropout_1/", "dropout_2/")}
+    assert recording.examples_in_blocks(draws["dropout/"], 3)
+    assert not recording.examples_in_blocks(draws["dropout/"], 2)
+    assert recording.examples_in_blocks(draws["dropout_1/"], 3)
+    assert not recording.examples_in_blocks(draws["dropout_2/"], 2)

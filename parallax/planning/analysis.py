@@ -20,7 +20,7 @@ from parallax.planning import counters
 from parallax.vocabulary import (DATA_SOURCE_OPS, DIVIDING_OPS, FUNCTION_CALL_OPS,
                                  PLACEHOLDER_OPS, RESTORE_OP_TYPES, SHAPE_ONLY_OPS,
                                  STATEFUL_RANDOM_OP_TYPES, VARIABLE_OP_TYPES, downstream_ops,
-                                 is_setting, parents, upstream_ops, walk)
+                                 initializer_op, is_setting, parents, upstream_ops, walk)
 
 # Fused optimizer updates write every variable they take (the variable and its slots);
 # assignments and scatters write their first input.
@@ -411,7 +411,7 @@ _AVERAGEABLE_WRITES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVari
 def _training_writes(graph: tf.Graph) -> Dict[str, List[str]]:
     """Every op that writes a variable, by variable, but its initializer and restores from a
     checkpoint: what training (any of the user's train ops) may run."""
-    initializers = {v.initializer.name for v in
+    initializers = {initializer_op(v).name for v in
                     graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
                     + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)}
     restored = _data_downstream(

@@ -130,6 +130,47 @@ def step_draws(ops, fed) -> List[tf.Tensor]:
                   key=lambda t: t.name)
 
 
+# Ops that keep each row of an input of theirs (of the same rank) a row of their output.
+_ROW_WISE_OP_TYPES = frozenset({
+    "Identity", "MatMul", "BiasAdd", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Maximum",
+    "Minimum", "Relu", "Relu6", "Elu", "Selu", "Gelu", "Tanh", "Sigmoid", "Erf", "Exp", "Log",
+    "Neg", "Square", "Sqrt", "Rsqrt", "Pow", "Softmax", "Cast", "SquaredDifference",
+    "GreaterEqual", "Greater", "Less", "LessEqual", "SelectV2", "Select"})
+_ROW_WALK_LIMIT = 64  # ops walked back from a draw's tensor before giving up
+
+
+def examples_in_blocks(draw: tf.Tensor, rows_per_example: int) -> bool:
+    """Whether `draw`'s rows are each example's `rows_per_example` rows in a block: the tensor
+    it is drawn for (whose shape it takes, or which its values mask, as dropout's do) is
+    computed row by row from a reshape that merged an example's leading dimensions into rows
+    ([batch, sequence, ...] to [batch x sequence, ...])."""
+    shape = draw.op.inputs[0] if draw.op.inputs else None
+    drawn_for = [shape.op.inputs[0]] if shape is not None and shape.op.type == "Shape" else []
+    frontier = [draw]
+    for _ in range(3):  # the mask's comparison, its cast, the product
+        following = [op for tensor in frontier for op in tensor.consumers()
+                     if op.type in _ROW_WISE_OP_TYPES]
+        drawn_for += [t for op in following for t in op.inputs
+                      if t not in frontier and t.shape.rank == draw.shape.rank]
+        frontier = [t for op in following for t in op.outputs]
+    return any(_rows_merged_from_examples(t, rows_per_example) for t in drawn_for)
+
+
+def _rows_merged_from_examples(tensor: tf.Tensor, rows_per_example: int) -> bool:
+    for _ in range(_ROW_WALK_LIMIT):
+        op = tensor.op
+        if op.type == "Reshape":
+            sizes = op.inputs[0].shape.as_list() if op.inputs[0].shape.rank else []
+            products = np.cumprod([size or 0 for size in sizes[1:]])
+            return rows_per_example in products.tolist()
+        same_rows = [t for t in op.inputs if op.type in _ROW_WISE_OP_TYPES
+                     and t.shape.rank == tensor.shape.rank and t.shape[:1] == tensor.shape[:1]]
+        if not same_rows:
+            return False
+        tensor = same_rows[0]
+    return False
+
+
 def worker_folders(folder: str) -> List[str]:
     return sorted(glob.glob(os.path.join(folder, "worker*")),
                   key=lambda path: int(os.path.basename(path)[len("worker"):]))
@@ -200,7 +241,7 @@ class ReplayRunner(tf_private.SessionInterface):
                 self._stop(f"one device cannot take the {self.num_workers} workers' batches "
                            f"of step {self._steps} joined: {str(error).splitlines()[0]}")
             if self._steps == self.run_settings.steps:
-                _save(os.path.join(self.run_settings.folder, "one_device.npz"),
+                _save(self.run_settings.one_device_file,
                       variable_values(self.graph, self.session.run))
                 raise SystemExit(0)
             return result
@@ -250,18 +291,34 @@ class ReplayRunner(tf_private.SessionInterface):
         combined = {}
         data = [name for name in steps[0]
                 if self.graph.get_tensor_by_name(name).op.type not in DRAW_OP_TYPES]
+        examples = sum(len(step[data[0]]) for step in steps) if data else 0
         for name in steps[0]:
             parts = [step[name] for step in steps]
-            if name not in data and data and any(
-                    np.ndim(part) == 0 or len(part) != len(step[data[0]])
-                    for part, step in zip(parts, steps)):
-                self._stop(f"the step draws random numbers that are not one per example "
-                           f"({name!r}, shape {parts[0].shape}, for a batch of "
-                           f"{len(steps[0][data[0]])}): each worker draws its own, one device "
-                           "would draw others for the combined batch")
             tensor = self.graph.get_tensor_by_name(name)
-            combined[tensor] = self._joined(tensor, parts, drawn=name not in data)
+            if name not in data and data:
+                self._check_per_example(tensor, parts, [len(step[data[0]]) for step in steps])
+            joined = self._joined(tensor, parts, drawn=name not in data)
+            if self.run_settings.reordered and examples:
+                # rows in blocks of each example's (checked above): the examples reversed
+                joined = joined.reshape(examples, -1, *joined.shape[1:])[::-1].reshape(
+                    joined.shape)
+            combined[tensor] = joined
         return combined
+
+    def _check_per_example(self, draw: tf.Tensor, parts, batches) -> None:
+        """A draw is joined as the workers' examples are when it has a row per example, or a
+        block of rows per example (a reshape of [batch, sequence, ...] to [batch x
+        sequence, ...] behind it, as dropout over a sequence's tokens flattened has)."""
+        ratios = {len(part) / batch if np.ndim(part) else 0.0
+                  for part, batch in zip(parts, batches)}
+        ratio = ratios.pop() if len(ratios) == 1 else 0.0
+        if ratio == 1 or (ratio > 1 and ratio.is_integer()
+                          and examples_in_blocks(draw, int(ratio))):
+            return
+        self._stop(f"the step draws random numbers that are not one per example "
+                   f"({draw.name!r}, shape {parts[0].shape}, for a batch of {batches[0]}): "
+                   "each worker draws its own, one device would draw others for the combined "
+                   "batch")
 
     def _joined(self, tensor: tf.Tensor, parts: List[np.ndarray], drawn: bool) -> np.ndarray:
         """The workers' `parts` of `tensor` along the batch axis. Batches padded each to its

@@ -3,7 +3,7 @@ parallax.shard, an embedding (a parameter server in PS and HYBRID), a dense laye
 dropout, Adam, a fed learning rate, a global step.
 
     python verified.py RESOURCES STEPS [--run-option R] [--sum-gradients] [--sampled]
-                       [--padded] [--heads]
+                       [--padded] [--heads] [--as-bert CHECKPOINT] [--order-sensitive]
 
 --sum-gradients: Config(average_dense=False), not what one device computes (verify fails);
 --sampled: a sampled softmax, whose candidates each worker draws for its whole batch (verify
@@ -11,7 +11,13 @@ cannot compare); --padded: a tagger of sentences of
 words as strings, each worker's batch padded to its longest sentence by `padded_batch`, dropout
 over every token, a loss divided by the batch's count of words (not padding); --heads: with
 --padded, the dropout drawn for 2 heads x the batch, as multi-head attention often does it (not
-one draw per example: verify cannot compare).
+one draw per example: verify cannot compare); --as-bert: as BERT's run_classifier writes it,
+batches of a fixed size (drop_remainder=True) whose size the graph's shapes are built from,
+dropout drawn over the batch's words flattened (batch x words rows, by a reshape), and the
+embedding and the hidden kernel initialized from CHECKPOINT by init_from_checkpoint;
+--order-sensitive: a bias before a batch normalization, whose gradient is zero up to rounding
+and which Adam moves by about its rate a step all the same: one device on the same rows in
+another order ends far from itself (verify judges it by that).
 """
 import argparse
 
@@ -28,6 +34,8 @@ parser.add_argument("--sum-gradients", action="store_true")
 parser.add_argument("--sampled", action="store_true")
 parser.add_argument("--padded", action="store_true")
 parser.add_argument("--heads", action="store_true")
+parser.add_argument("--as-bert", metavar="CHECKPOINT")
+parser.add_argument("--order-sensitive", action="store_true")
 args = parser.parse_args()
 
 tf.compat.v1.disable_eager_execution()
@@ -67,14 +75,28 @@ def padded_tagger():
 def bag_of_words():
     """Three word ids an example, their embeddings' mean, a hidden layer with dropout: loss."""
     dataset = parallax.shard(tf.data.Dataset.from_tensor_slices((ids, labels)))
-    words, label = tf.compat.v1.data.make_one_shot_iterator(
-        dataset.shuffle(64, seed=3).repeat().batch(BATCH)).get_next()
+    words, label = tf.compat.v1.data.make_one_shot_iterator(dataset.shuffle(64, seed=3).repeat(
+        ).batch(BATCH, drop_remainder=bool(args.as_bert))).get_next()
     embedding = tf.compat.v1.get_variable("embedding", [VOCABULARY, 16])
     kernel = tf.compat.v1.get_variable("hidden/kernel", [16, 32])
     bias = tf.compat.v1.get_variable("hidden/bias", [32], initializer=tf.zeros_initializer())
-    hidden = tf.nn.relu(tf.matmul(
-        tf.reduce_mean(tf.nn.embedding_lookup(embedding, words), axis=1), kernel) + bias)
+    embedded = tf.nn.embedding_lookup(embedding, words)
+    if args.as_bert:
+        batch, length = words.shape.as_list()  # static, as BERT's get_shape_list reads them
+        rows = tf.reshape(embedded, [batch * length, 16])
+        rows = tf.nn.dropout(tf.matmul(rows, tf.compat.v1.get_variable("words/kernel", [16, 16])),
+                             rate=0.1)
+        embedded = tf.reshape(rows, [batch, length, 16])
+        tf.compat.v1.train.init_from_checkpoint(args.as_bert, {"embedding": "embedding",
+                                                               "hidden/kernel": "hidden/kernel"})
+    hidden = tf.nn.relu(tf.matmul(tf.reduce_mean(embedded, axis=1), kernel) + bias)
     hidden = tf.nn.dropout(hidden, rate=0.3)
+    if args.order_sensitive:
+        normalized = tf.matmul(hidden, tf.compat.v1.get_variable("normalized/kernel", [32, 32]))
+        normalized += tf.compat.v1.get_variable("normalized/bias", [32],
+                                                initializer=tf.zeros_initializer())
+        mean, variance = tf.nn.moments(normalized, axes=[0])
+        hidden = (normalized - mean) * tf.math.rsqrt(variance + 1e-3)
     if args.sampled:
         weights = tf.compat.v1.get_variable("softmax_w", [CLASSES, 32])
         biases = tf.compat.v1.get_variable("softmax_b", [CLASSES])
