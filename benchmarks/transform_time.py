@@ -15,7 +15,7 @@ import tensorflow as tf
 from parallax.planning.analysis import analyze
 from parallax.cluster import Cluster
 from parallax.rewriting.pipeline import transform
-from parallax.planning.plan import make_plan
+from parallax.planning.job_plan import make_plan
 
 CLUSTER = Cluster(worker_machines=[0, 0, 1, 1], servers=["10.0.0.1:2222", "10.0.0.2:2222"],
                   workers=["10.0.0.1:2223", "10.0.0.1:2224", "10.0.0.2:2223", "10.0.0.2:2224"])

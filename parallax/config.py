@@ -115,7 +115,7 @@ class PlanOptions:
         sparse variables, the job first trains this many steps with each plan it times (the
         run options' rules where they differ from its choice): each plan warms up on a third
         of them, untimed, and is timed on the rest in two turns, the second pass in the
-        reverse order (planning/trials.py), and the job keeps the plan whose steps were
+        reverse order (planning/trial_policy.py), and the job keeps the plan whose steps were
         fastest on the cluster. They are real training steps: each plan goes on from the last one's variables
         and input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a new

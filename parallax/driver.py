@@ -19,13 +19,13 @@ from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements, input_batch, measure, unmeasurable
 from parallax.partitioner import partitioned_variables
-from parallax.planning.plan import (Decision, Plan, check_plan, effective_run_option,
+from parallax.planning.job_plan import (Decision, Plan, check_plan, effective_run_option,
                                     make_plan)
 from parallax.planning.planner import decide
 from parallax.planning.problem import Cores
 from parallax.planning.query import report
 from parallax.rewriting.split_variables import copy_and_split
-from parallax.runtime.query import FedSteps, QueryRunner
+from parallax.runtime.query_runner import FedSteps, QueryRunner
 from runner.settings import Settings
 
 

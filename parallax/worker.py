@@ -22,7 +22,7 @@ from parallax.partitioner import check_counts
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.describe import describe
 from parallax.planning.measure import input_batch
-from parallax.planning.plan import Plan, Sync, make_plan
+from parallax.planning.job_plan import Plan, Sync, make_plan
 from parallax.rewriting.graph_map import GraphMap
 from parallax.rewriting.passes import on_grpc_servers
 from parallax.rewriting.pipeline import transform

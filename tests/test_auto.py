@@ -12,7 +12,7 @@ import parallax  # noqa: F401  (records gradients)
 from parallax import contracts, driver, launch
 from parallax.planning import cost, explanation, measure, planner, proposal
 from parallax.planning.analysis import analyze
-from parallax.planning.plan import Decision
+from parallax.planning.job_plan import Decision
 from parallax.planning.planner import measure_and_decide
 from parallax.planning.problem import Cores
 from parallax.cluster import Cluster
@@ -21,7 +21,7 @@ from parallax.errors import ParallaxError
 from parallax.graph_copy import copy_graph
 from parallax.rewriting.split_variables import split_variables
 from parallax.planning.describe import describe
-from parallax.planning.plan import Plan, make_plan
+from parallax.planning.job_plan import Plan, make_plan
 
 TWO_BY_TWO = [2, 2]  # workers of each machine
 TWO_MACHINES = Cluster([0, 0, 1, 1], ["server 0", "server 1"])  # the driver's plan's

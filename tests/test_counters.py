@@ -9,7 +9,7 @@ from parallax.config import PlanOptions
 from parallax.cluster import Cluster
 from parallax.planning.analysis import analyze
 from parallax.planning.describe import describe
-from parallax.planning.plan import make_plan
+from parallax.planning.job_plan import make_plan
 
 
 def _graph(batch=None):

@@ -6,7 +6,7 @@ from parallax.cluster import Cluster
 from parallax.config import PlanOptions
 from parallax.planning.analysis import analyze
 from parallax.planning.describe import describe
-from parallax.planning.plan import make_plan
+from parallax.planning.job_plan import make_plan
 
 CLUSTER = Cluster([0, 0, 1, 1], ["a:1", "b:1"])
 

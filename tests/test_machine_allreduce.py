@@ -13,11 +13,11 @@ import parallax
 from conftest import REPO, WORKLOADS, load_workload, needs_horovod
 from parallax.planning import cost
 from parallax.planning.analysis import analyze
-from parallax.planning.plan import Decision
+from parallax.planning.job_plan import Decision
 from parallax.cluster import Cluster
 from parallax.config import PlanOptions
 from parallax.rewriting.pipeline import transform
-from parallax.planning.plan import make_plan
+from parallax.planning.job_plan import make_plan
 
 equivalence = load_workload("equivalence")
 

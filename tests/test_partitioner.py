@@ -15,7 +15,7 @@ from parallax.errors import ParallaxError
 from parallax import contracts
 from parallax.partitioner import check_counts, partitioned_variables
 from parallax.planning.describe import describe
-from parallax.planning.plan import Sync, make_plan
+from parallax.planning.job_plan import Sync, make_plan
 
 
 def _graph(min_partitions=1, vocab=100_000, name="table"):

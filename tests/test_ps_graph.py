@@ -15,8 +15,8 @@ from parallax.graph_copy import copy_graph
 from parallax.rewriting.pipeline import transform
 from parallax.rewriting.split_variables import split_variables
 from parallax.planning.describe import describe
-from parallax.planning.plan import Sync, make_plan
-from parallax.planning.plan import Decision
+from parallax.planning.job_plan import Sync, make_plan
+from parallax.planning.job_plan import Decision
 
 equivalence = load_workload("equivalence")
 CLUSTER = dict(worker_machines=[0, 0, 1, 1], servers=["127.0.0.1:1", "127.0.0.2:1"],

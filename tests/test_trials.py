@@ -2,7 +2,7 @@
 the training from one session to another, are tested by the AUTO jobs of test_equivalence)."""
 import numpy as np
 
-from parallax.planning import trials as policy
+from parallax.planning import trial_policy as policy
 from parallax.runtime import trials
 
 

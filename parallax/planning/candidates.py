@@ -1,5 +1,5 @@
 """The planner's candidates: the ways a variable may be synchronized and placed, and the run
-options' rules, written once here. The plan (plan.py) applies a rule where nothing was
+options' rules, written once here. The plan (job_plan.py) applies a rule where nothing was
 measured, the proposal (proposal.py) searches over `methods_for` and times the rules' plans
 against its own on the cluster (`RULES`)."""
 from __future__ import annotations

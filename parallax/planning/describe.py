@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
-from parallax.planning.plan import Plan, Sync, cost_shape
+from parallax.planning.job_plan import Plan, Sync, cost_shape
 
 
 def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None) -> str:

@@ -2,7 +2,7 @@
 `pose` makes the Problem (problem.py) from the graph's analysis and what the driver measured
 (measure.py); the proposal (proposal.py) searches the candidates (candidates.py) by their
 rating (cost.py); the explanation (explanation.py) says why. `decide` gives the result as the
-Decision the plan (plan.py) carries to every worker."""
+Decision the plan (job_plan.py) carries to every worker."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +18,7 @@ from parallax.partitioner import partitioned_variables
 from parallax.planning import cost, explanation, split_rules
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements, measure
-from parallax.planning.plan import Decision
+from parallax.planning.job_plan import Decision
 from parallax.planning.problem import Compute, Cores, Partition, Problem
 from parallax.planning.proposal import Proposal, propose
 from parallax.planning.rows import rows_can_be_summed

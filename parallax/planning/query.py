@@ -28,7 +28,7 @@ def report(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     seconds, in place of the measured one (another machine's, an accelerator's); `batch`: the
     examples of one worker's batch (None: `batch_problem` says why it is not known);
     `links_given`: the links are the user's, not measured; `fed`: whose feeds were measured,
-    for a graph the script feeds (runtime.query.FedSteps)."""
+    for a graph the script feeds (runtime.query_runner.FedSteps)."""
     problems, searched = {}, {}
     for run_option in RUN_OPTIONS:
         asked = dataclasses.replace(options, run_option=run_option)

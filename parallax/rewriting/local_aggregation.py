@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from parallax.rewriting import row_sums
 from parallax.rewriting.queues import concat_slices, producer_queues
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 
 
 def push_through_machine(parts, key, plan: Plan, server_queue):

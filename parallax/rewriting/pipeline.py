@@ -11,7 +11,7 @@ import tensorflow as tf
 from parallax.collectives import Collectives
 from parallax.collectives import create as create_collectives
 from parallax.errors import ParallaxError
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import Pass
 from parallax.rewriting.passes.allreduce import (allreduce_gradients, combine_worker_state,
                                                  broadcast_initial_values)

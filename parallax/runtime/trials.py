@@ -6,7 +6,7 @@ local variables, and the position of its tf.data iterators — so the trial step
 steps of one training, as one device would run them.
 
 Every worker switches after the same training step and takes the chief's timings, so they all
-keep the same plan. The order, the turns and the choice are planning/trials.py's."""
+keep the same plan. The order, the turns and the choice are planning/trial_policy.py's."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.errors import ParallaxError
-from parallax.planning import trials as policy
+from parallax.planning import trial_policy as policy
 from parallax.runtime.session import ParallaxRunner
 from parallax.vocabulary import load_values
 

@@ -10,7 +10,7 @@ from typing import Callable, FrozenSet, Iterable
 
 import tensorflow as tf
 
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 
 Pass = Callable[[tf.Graph, Plan], tf.Graph]
 

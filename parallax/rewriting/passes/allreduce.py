@@ -12,7 +12,7 @@ from parallax.collectives import Collectives
 from parallax.rewriting import machine_allreduce, row_sums
 from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_unique_per_batch
-from parallax.planning.plan import Plan, Sync
+from parallax.planning.job_plan import Plan, Sync
 from parallax.vocabulary import consumers, walk
 from parallax.rewriting.passes import graph_pass
 

@@ -10,7 +10,7 @@ from typing import Optional
 import tensorflow as tf
 
 from parallax import tf_private
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
 LIGHT_OPS = frozenset({

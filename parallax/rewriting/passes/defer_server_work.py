@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.vocabulary import consumers, downstream_ops, upstream_ops
-from parallax.planning.plan import Plan, Sync
+from parallax.planning.job_plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass
 
 

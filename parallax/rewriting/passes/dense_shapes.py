@@ -7,7 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax import tf_private
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 from parallax import contracts
 from parallax.collectives import Collectives
 from parallax.vocabulary import upstream_ops
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass
 from parallax.rewriting.rewire import reroute
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.vocabulary import VARIABLE_OP_TYPES, computed_from, data_consumers, walk
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
 

@@ -19,7 +19,7 @@ from parallax.rewriting import local_aggregation, row_sums
 from parallax.rewriting.queues import concat_slices, producer_queues
 from parallax.rewriting.rewire import reroute
 from parallax.planning.rows import rows_can_be_summed, rows_unique_per_batch
-from parallax.planning.plan import Plan, Sync
+from parallax.planning.job_plan import Plan, Sync
 from parallax.rewriting.passes import graph_pass, with_servers
 
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from parallax import tf_private
 from parallax.vocabulary import FUNCTION_CALL_OPS
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass, on_grpc_servers
 
 

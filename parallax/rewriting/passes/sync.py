@@ -24,7 +24,7 @@ import tensorflow as tf
 from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.rewire import reroute
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 from parallax.vocabulary import computed_from, data_consumers, parents, walk
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from parallax import tf_private
 from parallax.rewriting.rewire import reroute
-from parallax.planning.plan import Plan
+from parallax.planning.job_plan import Plan
 from parallax.rewriting.passes import graph_pass, with_servers
 
 
