@@ -12,7 +12,7 @@ from parallax.errors import ParallaxError
 from parallax.planning.analysis import analyze
 from parallax.runtime import combined_batch, monitored, recording
 from runner import slurm
-from runner.control import Heartbeat
+from runner.heartbeat import Heartbeat
 
 # This process's, once it is a worker, by its cluster (the worker's id in it): one, but for
 # jobs whose workers are threads of one process (tests/in_process.py).

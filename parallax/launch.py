@@ -27,7 +27,7 @@ from parallax.errors import ParallaxError
 from parallax.planning.cost import Collective, Transport
 from parallax.runtime import input_check, input_position
 from runner import JobFailed, ProcessSpec, link_probe, load_resources, run_processes
-from runner.control import ControlServer
+from runner.control_server import ControlServer
 from runner.free_ports import free_ports
 from runner.process import GRACE_SECONDS
 from runner.progress import ProgressDisplay

@@ -9,6 +9,6 @@ from runner.resources import Host, ResourceError
 from runner.process import ProcessSpec, JobFailed, run_processes
 
 # runner.rendezvous (Horovod's) is imported where needed: the processes of a job import this
-# package too (runner.remote_exec, runner.control), and need not load Horovod for it.
+# package too (runner.remote_exec, runner.heartbeat), and need not load Horovod for it.
 __all__ = ["Host", "ResourceError", "load_resources", "ProcessSpec", "JobFailed",
            "run_processes"]

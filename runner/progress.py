@@ -13,7 +13,8 @@ from typing import Dict, Optional
 
 from tqdm import tqdm
 
-from runner.control import ControlServer, Progress
+from runner.beat_message import Progress
+from runner.control_server import ControlServer
 
 
 def summarize(progress: Dict[str, Progress]) -> dict:

@@ -1,5 +1,5 @@
 """`python -I runner/watchdog.py SECONDS NAME`: the backstop of a process's heartbeat
-(runner/control.py), which starts it with a pipe as its stdin and writes a byte to it each time
+(runner/heartbeat.py), which starts it with a pipe as its stdin and writes a byte to it each time
 the driver answers. When no byte has come for SECONDS, the process has lost its driver and has
 not stopped itself — blocked in TensorFlow's C++ code, in interpreter shutdown or a finalizer,
 its threads gone — and nothing inside it can stop it any more: the watchdog kills it, and its

@@ -1,5 +1,6 @@
-"""The control plane (runner.control), the output filter and the progress records, on real
-local processes and a real gRPC server; nothing here needs TensorFlow."""
+"""The control plane (runner/control_server.py, heartbeat.py, step_agreement.py,
+beat_message.py, beat_signing.py, control_transport.py), the output filter and the progress
+records, on real local processes and a real gRPC server; nothing here needs TensorFlow."""
 import collections
 import contextlib
 import hashlib
@@ -21,7 +22,11 @@ import psutil
 import pytest
 
 from conftest import WORKLOADS, needs_horovod
-from runner.control import MAX_MESSAGE_BYTES, ControlServer, Progress, encode_beat
+from runner import step_agreement
+from runner.beat_message import Progress
+from runner.beat_signing import encode_beat
+from runner.control_server import ControlServer
+from runner.control_transport import MAX_MESSAGE_BYTES
 from runner.link_probe import probe
 from runner.output import PAST_STARTUP, OutputFilter
 from runner.process import GRACE_SECONDS, JobFailed, ProcessSpec, run_processes
@@ -32,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process of a job: beats, then runs 'steps' of 0.05 s (reporting a loss), then sleeps.
 BEATING = """
 import sys, time
-from runner.control import Heartbeat
+from runner.heartbeat import Heartbeat
 beat = Heartbeat.from_env()
 for step in range(int(sys.argv[1])):
     beat.run_started(); time.sleep(0.05); beat.run_finished(True, {"loss": float(sys.argv[2])})
@@ -45,7 +50,7 @@ time.sleep(600)
 # then sleeps 'then' seconds and exits.
 MARKING = """
 import sys, time
-from runner.control import Heartbeat
+from runner.heartbeat import Heartbeat
 beat = Heartbeat.from_env()
 beat.announce_exit()
 steps, mark_at, then = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -176,6 +181,20 @@ def test_marks_are_compared_with_the_worker_that_made_them_most_often():
         control.stop()
 
 
+def test_workers_in_a_step_past_the_stall_timeout_name_those_they_wait_for():
+    """The job-tier stall above, from the workers' last beats alone: a worker past the stuck
+    one's step is not behind; all of them stuck is a server or the network."""
+    progress = {"h:worker:0": Progress(steps=5, in_run_seconds=4.0),
+                "h:worker:1": Progress(steps=4, in_run_seconds=1.0),
+                "h:worker:2": Progress(steps=6)}
+    message = step_agreement.stall(progress, 3.0)
+    assert message.startswith("stalled: h:worker:0 (step 6) in a step for more than 3 s")
+    assert "; behind: h:worker:1 (step 4, in a run for 1 s)." in message
+    assert "h:worker:2" not in message and step_agreement.stall(progress, 5.0) is None
+    assert "every worker is in it" in step_agreement.stall(
+        {"h:worker:0": Progress(steps=1, in_run_seconds=9.0)}, 3.0)
+
+
 @pytest.mark.job
 def test_a_process_whose_driver_is_gone_stops_itself():
     control = _job(["h:server:0"], [], heartbeat=2.0)
@@ -220,7 +239,7 @@ def test_a_process_its_heartbeat_cannot_stop_is_killed_by_its_watchdog():
     """Its main thread holds the GIL in C code forever (as a finalizer blocked in TensorFlow's
     C++ does) and it handles SIGTERM in Python: neither its heartbeat thread nor a SIGTERM
     can stop it once its driver is gone; its watchdog kills it."""
-    blocked = ("import ctypes, signal, time\nfrom runner.control import Heartbeat\n"
+    blocked = ("import ctypes, signal, time\nfrom runner.heartbeat import Heartbeat\n"
                "Heartbeat.from_env()\nsignal.signal(signal.SIGTERM, lambda *_: None)\n"
                "time.sleep(1.5)\nctypes.PyDLL(None).pause()\n")
     control = _job(["h:worker:0"], ["h:worker:0"], heartbeat=2.0)
@@ -307,10 +326,10 @@ def test_horovod_shutdown_tracebacks_fold_into_one_line_others_stay_whole():
 @pytest.mark.job
 def test_a_beating_process_can_fork():
     """grpc's fork support raced with its pollers (SIGABRT at start in about one process in
-    five, as TensorFlow and subprocess fork): runner.control turns it off."""
+    five, as TensorFlow and subprocess fork): runner.control_transport turns it off."""
     names = ["h:worker:0", "h:worker:1"]  # a process each: a second one of a name replays
     control = _job(names, names)
-    forks = ("from runner.control import Heartbeat\nimport subprocess\n"
+    forks = ("from runner.heartbeat import Heartbeat\nimport subprocess\n"
              "Heartbeat.from_env()\nfor _ in range(300):\n"
              "    subprocess.run(['true'], preexec_fn=lambda: None)\n")
     for name in names:
@@ -355,8 +374,8 @@ def test_the_link_probe_between_two_loopback_machines():
                 if "link_probe" in " ".join(c.cmdline())]
 
 
-# The wire, as runner/control.py documents it: a beat is the HMAC-SHA256 of b"beat\0" + its JSON
-# with the job's key, then the JSON; an answer the same with b"answer\0".
+# The wire, as runner/beat_signing.py documents it: a beat is the HMAC-SHA256 of b"beat\0" + its
+# JSON with the job's key, then the JSON; an answer the same with b"answer\0".
 def _wire(key: bytes, purpose: bytes, body: bytes) -> bytes:
     return hmac.new(key, purpose + b"\0" + body, hashlib.sha256).digest() + body
 

@@ -80,7 +80,7 @@ def test_first_batches_with_rows_in_common_are_found_and_said_with_what_to_do(mo
 def test_row_digests_leave_the_digests_within_what_a_beat_may_carry():
     import numpy as np
     from parallax.runtime import input_check
-    from runner.control import MAX_DIGESTS
+    from runner.beat_message import MAX_DIGESTS
     many = {f"feed x{i}:0": np.arange(4 * i, 4 * i + 400).reshape(100, 4) for i in range(40)}
     found = input_check.data_digests(many)
     assert len(found) == MAX_DIGESTS and all(len(digest) <= 64 for digest in found.values())
@@ -95,7 +95,8 @@ def test_the_driver_says_once_which_of_the_two_mistakes_the_workers_made(monkeyp
     import numpy as np
     from parallax import launch
     from parallax.runtime import input_check
-    from runner.control import ControlServer, encode_beat
+    from runner.beat_signing import encode_beat
+    from runner.control_server import ControlServer
     said = []
     monkeypatch.setattr(launch, "say", said.append)
     batches = _first_batches(lambda worker: np.random.RandomState(worker).permutation(200))

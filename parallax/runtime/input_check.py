@@ -2,7 +2,7 @@
 dataset) trains on N copies of one batch, and nothing fails. At its first training step each
 worker reports a digest of every data input of the step — what its tf.data iterators and input
 queues gave, and what it fed, but not a setting (a fed rate, is_training) — and the driver says
-so once when every worker's are equal (`warning`, runner.control.identical_digests).
+so once when every worker's are equal (`warning`, runner.control_server.identical_digests).
 
 Its subtler form: each worker shuffles the whole data its own way (an unseeded np.random, a
 dataset shuffled but not sharded), so the inputs differ but the workers' batches share rows.
@@ -20,13 +20,13 @@ import tensorflow as tf
 
 from parallax.vocabulary import (INPUT_OP_TYPES, ITERATOR_GET_NEXT_OPS, downstream_ops,
                                  is_setting, reached)
-from runner.control import MAX_DIGESTS
+from runner.beat_message import MAX_DIGESTS
 
 SHARD_ID_NAME = "parallax_shard_id"  # parallax.num_shards_and_shard_id()'s id constant
 ROWS = "rows "  # the names of the digests of an input's rows: "rows J NAME"
 # 48 bits of a row's digest: distinct rows of a few workers' batches do not collide.
 _ROW_HASH_CHARS = 12
-_ROW_HASHES_PER_DIGEST = 5  # 60 characters: a digest is at most 64 (runner.control)
+_ROW_HASHES_PER_DIGEST = 5  # 60 characters: a digest is at most 64 (runner.beat_message)
 _ROW_DIGESTS_PER_INPUT = 16  # 80 rows of each input compared: a beat stays small
 
 

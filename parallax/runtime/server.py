@@ -2,7 +2,7 @@
 The driver starts one per machine (`python -m parallax.runtime.server`) and stops it at the end."""
 from parallax import contracts
 from parallax.runtime.grpc_server import start_server
-from runner.control import Heartbeat
+from runner.heartbeat import Heartbeat
 
 
 def main():
