@@ -4,7 +4,6 @@ graph with the plan's passes, and returns the runner of a session of it."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import os
@@ -16,6 +15,7 @@ import tensorflow as tf
 
 from parallax import contracts
 from parallax.collectives import create as create_collectives
+from parallax.collectives.membership import Membership
 from parallax.config import CheckpointConfig, PlanOptions, RuntimeOptions
 from parallax.errors import ParallaxError
 from parallax.partitioner import check_counts
@@ -41,19 +41,15 @@ LEFT_COLLECTIVES = "collectives left: no step of the plan uses them"
 class WorkerProcess:
     """What a worker process keeps across the script's get_runner calls: its heartbeat, its
     cluster, the index of its next run (each call's runners get fresh state on the servers),
-    and its collectives: joined while a runner's steps or agreements need them, left otherwise
-    (idle, Horovod's background thread still coordinates the workers every cycle, CPU the steps
-    lose where the cores are shared)."""
+    and its collectives with its membership in them."""
 
     def __init__(self, heartbeat):
         self.heartbeat = heartbeat  # None unless a driver started this process
         self.cluster = contracts.read_cluster()
         self._server = None
         self.collectives = create_collectives(self.cluster, self.server)
+        self.membership = Membership(self.collectives)
         self.run_indices = itertools.count()
-        # Whether a runner this process returned runs collectives in its steps, or agrees
-        # through them (a MonitoredTrainingSession): then no later get_runner may leave them.
-        self.collectives_in_use = False
 
     def server(self, config: Optional[tf.compat.v1.ConfigProto] = None
                ) -> tf.compat.v1.train.Server:
@@ -67,14 +63,6 @@ class WorkerProcess:
             self._server = start_server(self.cluster, "worker", self.cluster.worker_id,
                                         self.collectives.configure(own))
         return self._server
-
-    def leave_if_unused(self) -> bool:
-        """Leave the collectives unless a runner of the process uses them; whether it left.
-        Every worker calls it at the same point."""
-        if self.collectives_in_use:
-            return False
-        self.collectives.leave()
-        return True
 
 
 def count_and_id() -> Tuple[int, int]:
@@ -125,76 +113,96 @@ def start(process: WorkerProcess, user_graph: tf.Graph, analysis: GraphAnalysis,
     choose the trials' policy, `runtime` says how the runner runs; `needs_collectives`: the
     script's agreements use them whatever the plan (a monitored session agrees on stopping
     through them)."""
-    heartbeat, cluster = process.heartbeat, process.cluster
+    _begin_output(process.heartbeat)
+    plans = _worker_plans(user_graph, analysis, options, process)
+    _check_servers(plans[0][2], process.cluster)
+    # Only jobs with replicas join, or that time plans (runtime/trials.py), or whose workers
+    # agree on stopping (runtime/monitored.py).
+    joins = needs_collectives or len(plans) > 1 or any(p.uses_collectives for _, _, p in plans)
+    if joins:
+        process.membership.join(any(p.hierarchical_allreduce for _, _, p in plans))
+    if runtime.export_graph_path and process.cluster.is_chief:
+        _export_graph(user_graph, runtime.export_graph_path, "single_device")
+    runners, build_seconds = _runners(user_graph, plans, runtime, process)
+    if process.cluster.is_chief:
+        log.info("%s", runners[0].describe())  # the cost model's choice
+    _announce_exit(process.heartbeat)
+    if len(runners) == 1:
+        if joins:
+            _settle(process, plans[0][2], needs_collectives)
+        return runners[0]
+    return _trial_runner(process, user_graph, plans, runners, build_seconds, options, runtime,
+                         needs_collectives)
+
+
+def _begin_output(heartbeat) -> None:
+    """What the worker prints from here on is its own; its INFO lines (the plan) are the job's
+    output, unless the user's script configured logging itself; saver.save(runner, ...) writes
+    on the chief alone."""
     if heartbeat is not None:
         _past_startup()
-    install_chief_only_saves()  # saver.save(runner, ...) writes on the chief alone
+    install_chief_only_saves()
     if not log.handlers and not logging.getLogger().handlers:
-        # A worker is a process Parallax started: its INFO lines (the plan) are the job's
-        # output, unless the user's script configured logging itself.
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("parallax: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    plans = _worker_plans(user_graph, analysis, options, process)
-    on_servers = [p.variable.name for p in plans[0][2].with_sync(Sync.PS)]
+
+
+def _check_servers(plan: Plan, cluster) -> None:
+    on_servers = [p.variable.name for p in plan.with_sync(Sync.PS)]
     if on_servers and not cluster.has_servers:
         raise ParallaxError(
             f"this graph puts {on_servers[0]!r} on a parameter server, and the job has none: "
             "the driver launched it for the graph of the script's first get_runner, which "
             "needed none. Give every graph of a script the same kinds of variables (sparse "
             "ones too), or use run_option='PS', which always starts servers")
-    joins = needs_collectives or len(plans) > 1 or any(plan.uses_collectives
-                                                       for _, _, plan in plans)
-    # only jobs with replicas join, or that time plans (runtime/trials.py), or whose workers
-    # agree on stopping (runtime/monitored.py)
-    join = functools.partial(process.collectives.join,
-                             any(plan.hierarchical_allreduce for _, _, plan in plans))
-    if joins:
-        join()
-    if runtime.export_graph_path and cluster.is_chief:
-        _export_graph(user_graph, runtime.export_graph_path, "single_device")
+
+
+def _runners(user_graph, plans, runtime: RuntimeOptions, process: WorkerProcess
+             ) -> Tuple[List[ParallaxRunner], float]:
+    """A runner of each plan (the first restores the latest checkpoint), and the seconds the
+    others (AUTO's alternatives) took to build."""
     verify_run = contracts.read_verify_run()
-    recorder = (recording.Recorder(verify_run, cluster.worker_id)
+    recorder = (recording.Recorder(verify_run, process.cluster.worker_id)
                 if verify_run is not None else None)  # one for all the plans AUTO times
     runners = [_runner(user_graph, *plans[0], runtime, process, recorder, first=True)]
     started = time.perf_counter()
     runners += [_runner(user_graph, *plan, runtime, process, recorder, first=False)
                 for plan in plans[1:]]
-    build_seconds = time.perf_counter() - started
-    if cluster.is_chief:
-        log.info("%s", runners[0].describe())  # the cost model's choice
+    return runners, time.perf_counter() - started
 
-    def leave_unless_used(plan: Plan) -> None:
-        """Leave the collectives once the runner of `plan` is ready, if neither its steps nor
-        another runner of the process use them (joined for AUTO's trials, or for the replicas'
-        first broadcast only). AUTO's trials also leave them for a plan whose steps use none
-        (trials.Quiet)."""
-        process.collectives_in_use |= needs_collectives or plan.steps_use_collectives
-        if process.leave_if_unused() and cluster.is_chief:
-            log.info("%s", LEFT_COLLECTIVES)
 
-    if len(runners) == 1:
-        if joins:
-            leave_unless_used(plans[0][2])
-        _announce_exit(heartbeat)
-        return runners[0]
-    _announce_exit(heartbeat)
+def _settle(process: WorkerProcess, plan: Plan, needs_collectives: bool) -> None:
+    """Once the runner of `plan` is the one the script trains with: leave the collectives
+    unless its steps or another runner of the process use them (joined for AUTO's trials, or
+    for the replicas' first broadcast only)."""
+    process.membership.keep_for(needs_collectives or plan.steps_use_collectives)
+    if process.membership.leave_if_unused() and process.cluster.is_chief:
+        log.info("%s", LEFT_COLLECTIVES)
+
+
+def _trial_runner(process: WorkerProcess, user_graph, plans, runners, build_seconds: float,
+                  options: PlanOptions, runtime: RuntimeOptions, needs_collectives: bool
+                  ) -> trials.TrialRunner:
+    """AUTO's trials of the plans' runners (runtime/trials.py); the plan kept takes the
+    checkpoints and settles the collectives."""
     candidates = [trials.Candidate(plan.decision.name, plan.decision.step, runner)
                   for (_, _, plan), runner in zip(plans, runners)]
+    cluster = process.cluster
 
     def kept(runner: trials.TrialRunner, candidate: trials.Candidate) -> None:
         if candidate.runner is not runners[0]:
             candidate.runner.take_checkpointer(_checkpointer(
                 candidate.runner.transformed_graph, user_graph, runtime.ckpt_config, cluster))
-        leave_unless_used(plans[runners.index(candidate.runner)][2])
+        _settle(process, plans[runners.index(candidate.runner)][2], needs_collectives)
         if cluster.is_chief:
             log.info("%s", trials.describe_kept(runner, candidate))
 
     quiet = None
-    if not needs_collectives:
+    if not needs_collectives:  # a plan whose steps use none is timed without them
         quiet = trials.Quiet([not plan.steps_use_collectives for _, _, plan in plans],
-                             process.leave_if_unused, join)
+                             process.membership.leave_if_unused, process.membership.rejoin)
     return trials.TrialRunner(candidates, options.trial_steps,
                               process.collectives.chief_vector("parallax_trials"), kept,
                               build_seconds, quiet)

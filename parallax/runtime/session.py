@@ -6,12 +6,9 @@ import functools
 import inspect
 import logging
 import os
-import signal
-import sys
 import sysconfig
-import threading
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -20,16 +17,12 @@ from parallax import contracts, tf_private
 from parallax.errors import ParallaxError
 from parallax.rewriting.graph_map import GraphMap
 from parallax.runtime import fetches as fetches_structure
-from parallax.runtime import input_check, input_position, recording
+from parallax.runtime import input_check, input_position, recording, stages
+from parallax.runtime.stages import fed_path
 from parallax.runtime.steps import Steps
-from parallax.vocabulary import INPUT_OP_TYPES, initializer_op, start_queue_runners
+from parallax.vocabulary import initializer_op, start_queue_runners
 
 log = logging.getLogger("parallax")
-# A restore each worker reports to the driver, which stops a job where one worker restored and
-# another trained on without (Horovod's habit of restoring in rank 0 alone, then broadcasting):
-# its replicas would keep their values, and the workers train different models.
-RESTORED = ("restored a checkpoint (saver.restore(runner, path), which every worker runs, as "
-            "the script does on one device, not only the chief)")
 
 
 # Where the script's own frames are not: an op's traceback, innermost last, ends in these.
@@ -59,8 +52,6 @@ class ParallaxRunner(tf_private.SessionInterface):
                  recorder=None):
         self._graphs = graphs
         graph = graphs.copy
-        self._profiler = profiler  # parallax.runtime.profile.Profiler: which runs to trace
-        self._checkpointer = checkpointer
         self.session = session
         self.num_workers = num_workers
         self.worker_id = worker_id
@@ -77,16 +68,10 @@ class ParallaxRunner(tf_private.SessionInterface):
         self._initializers = _initializer_names(graph)
         self._local_initializers = _local_initializer_names(graph)
         self._skipped_initializers: Dict[str, tf.Operation] = {}
-        self._heartbeat = heartbeat  # the driver's view of this worker's steps (runner.control)
-        # Digests of the first training step's input go to the driver (runtime/input_check.py).
-        self._check_input = check_input and heartbeat is not None and num_workers > 1
-        self._taken: Set[tf.Tensor] = set()  # input_check.taken_rows of the step checked
-        self._recorder = recorder  # parallax.verify's record of the first steps (recording.py)
-        self._busy = False  # in a run or a save: a SIGTERM waits for its end
-        self._stop_requested = False
-        self._previous_sigterm = None
-        if checkpointer is not None and checkpointer.saves:
-            self._save_on_sigterm()
+        self._checkpoints = stages.Checkpoints(session, checkpointer)
+        self._stages = self._make_stages(heartbeat, profiler, recorder,
+                                         check_input and heartbeat is not None
+                                         and num_workers > 1)
         # A queue-based input pipeline (tf.compat.v1.train.shuffle_batch, string_input_producer)
         # runs as under tf.compat.v1.train.MonitoredSession: started here, stopped at close.
         self._coordinator = tf.compat.v1.train.Coordinator()
@@ -130,114 +115,90 @@ class ParallaxRunner(tf_private.SessionInterface):
         """One line per variable: kind, shape, bytes, where it lives, how it is synchronized."""
         return self._description
 
+    def _make_stages(self, heartbeat, profiler, recorder, check_input: bool
+                     ) -> List[stages.Stage]:
+        """The stages of this worker's runs, in their order (stages.py)."""
+        inputs = stages.StepInputs(self.graph)
+        made = []
+        if recorder is not None:
+            made.append(stages.Recording(recorder, inputs, lambda: recording.variable_values(
+                self.graph, self.run)))
+        if check_input:
+            made.append(stages.InputDigests(heartbeat, inputs))
+        if profiler is not None:
+            made.append(stages.Profiling(profiler))
+        made.append(self._checkpoints)
+        if heartbeat is not None:
+            made.append(stages.Progress(heartbeat))
+        return made
+
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None, report=None):
         """Session.run on the original graph's fetches and feeds. `report`: scalars to show
         in the driver's progress bar and metrics file, averaged over workers, e.g.
         {"loss": loss}; they are computed in the same run."""
         self.last_run = (False, 0.0)
-        saving = _is_checkpoint_save(self._element_or_none(fetches))
-        saved = _fed_path(feed_dict) if saving else None
-        if saved is not None and self._checkpointer is not None:
-            self._checkpointer.save_input(self.session, saved)  # every worker its own
-        if saving and not self.is_chief:
-            # Saver.save(runner, path): the chief writes the checkpoint; the others would write
-            # the same files at once.
-            return list(feed_dict.values())[0] if feed_dict else None
+        saved = (fed_path(feed_dict) if _is_checkpoint_save(self._element_or_none(fetches))
+                 else None)
+        if saved is not None:  # a Saver's save through the runner
+            if self._checkpoints.checkpointer is not None:
+                self._checkpoints.checkpointer.save_input(self.session, saved)  # every worker
+            if not self.is_chief:  # the chief writes the checkpoint; the others the same files
+                return list(feed_dict.values())[0]
+        step, build = self._step(fetches, feed_dict, options, run_metadata, report, saved)
+        for stage in self._stages:
+            stage.before_run(step)
+        try:
+            self._run(step)
+            for stage in self._stages:
+                stage.after_run(step)
+        finally:
+            for stage in reversed(self._stages):
+                stage.end_run(step)
+        return build(step.values)
+
+    def _step(self, fetches, feed_dict, options, run_metadata, report, saved):
+        """The run in this worker's graph, and what makes its result of the fetches' values."""
         leaves, build = fetches_structure.flatten(fetches)
         mapped = [self._map_fetch(leaf) for leaf in leaves]
         reported = {name: self._map_fetch(value) for name, value in (report or {}).items()}
         feeds = None if feed_dict is None else {
             self._graphs.find(self._element(key, "feed key")): value
             for key, value in feed_dict.items()}
-        checked = self._step_inputs(mapped, feeds)
-        if self._recorder is not None and self._recorder.needs_initial and (
-                self._steps.is_training((mapped, reported, checked), feeds)):
-            self._recorder.write_initial(recording.variable_values(self.graph, self.run))
-        traced = False
-        if self._profiler is not None:
-            options, run_metadata, traced = self._profiler.next_run(options, run_metadata)
-        if self._heartbeat is not None:
-            self._heartbeat.run_started()
-        self._busy, training, restore, scalars = True, False, False, {}
-        try:
-            started = time.perf_counter()
-            (values, scalar_values, input_values), training, restore = self._steps.run(
-                self.session, (mapped, reported, checked), feeds, options, run_metadata)
-            inputs = self._named_inputs(checked, input_values, feeds) if training else {}
-            if inputs and self._check_input and not self._heartbeat.digests_reported:
-                self._heartbeat.report_digests(input_check.data_digests(inputs))
-            result = build(values)
-            self.last_run = (training, time.perf_counter() - started)
-            if traced:
-                self._profiler.write(run_metadata, self.last_run[1])
-            scalars = _scalars(scalar_values)
-            if self._checkpointer is not None:
-                self._after_run(training, restore, saved, feed_dict)
-        finally:
-            self._busy = False
-            if self._heartbeat is not None:
-                self._heartbeat.run_finished(training, scalars,
-                                             mark=RESTORED if restore else None)
-            if self._stop_requested:
-                self._save_and_exit()
-        if training and self._recorder is not None and self._recorder.active:
-            if self._recorder.write_step({name.partition(" ")[2]: value
-                                          for name, value in inputs.items()
-                                          if not name.startswith("taken ")}):
-                self._recorder.finish(recording.variable_values(self.graph, self.run))
-        return result
+        step = stages.Step(mapped, reported, feeds, feed_dict, options=options,
+                           run_metadata=run_metadata, saved=saved,
+                           will_train=lambda: self._steps.is_training(
+                               (mapped, reported, step.inputs), feeds))
+        return step, build
 
-    def _after_run(self, training: bool, restore: bool, saved: Optional[str],
-                   feed_dict) -> None:
-        """The checkpoints' part of a run: a save due after a training step; a user's
-        Saver's save (its record) or restore (this worker's input position, where saved)."""
-        if saved is not None:
-            self._checkpointer.user_saved(saved)
-        elif restore and (path := _fed_path(feed_dict)) is not None:
-            self._checkpointer.restore_input(self.session, path, input_position.read_record(path))
-        if training and feed_dict:
-            self._checkpointer.note_fed(str(getattr(key, "name", key)) for key in feed_dict)
-        self._checkpointer.after_run(self.session, training)
+    def _run(self, step: stages.Step) -> None:
+        started = time.perf_counter()
+        (step.values, scalar_values, input_values), step.training, step.restore = (
+            self._steps.run(self.session, (step.fetches, step.reported, step.inputs), step.feeds,
+                            step.options, step.run_metadata))
+        step.seconds = time.perf_counter() - started
+        self.last_run = (step.training, step.seconds)
+        if step.training and step.inputs:
+            step.named_inputs = self._named_inputs(step, input_values)
+        step.scalars = _scalars(scalar_values)
+        step.done = True
 
-    def _step_inputs(self, fetches, feeds) -> List[tf.Tensor]:
-        """What the step's input ops give, while this worker has its input to report (to the
-        driver, or to parallax.verify's record)."""
-        if not ((self._check_input and not self._heartbeat.digests_reported)
-                or (self._recorder is not None and self._recorder.active)):
-            return []
-        user_ops = {op.name for op in self.graph.get_operations()
-                    if op.type in INPUT_OP_TYPES}
-        ops, fed = [getattr(f, "op", f) for f in fetches], set(feeds or {})
-        found = input_check.step_inputs(ops, fed, user_ops)
-        self._taken = (set(input_check.taken_rows(ops, fed, found)) if self._check_input
-                       and not self._heartbeat.digests_reported else set())
-        if self._recorder is not None and self._recorder.active:
-            found += recording.step_draws(ops, fed)
-        return found + sorted(self._taken, key=lambda t: t.name)
-
-    def _named_inputs(self, tensors, values, feeds) -> Dict[str, object]:
+    def _named_inputs(self, step: stages.Step, values) -> Dict[str, object]:
         """The step's inputs by input_check.name_of: its input ops' values, the rows the graph
         took of them by the worker's id, its fed data."""
-        named = {input_check.name_of(t, fed=False, taken=t in self._taken): v
-                 for t, v in zip(tensors, values)}
+        named = {input_check.name_of(t, fed=False, taken=t in step.taken): v
+                 for t, v in zip(step.inputs, values)}
         named.update({input_check.name_of(t, fed=True): v
-                      for t, v in input_check.fed_data(feeds or {}).items()})
+                      for t, v in input_check.fed_data(step.feeds or {}).items()})
         return named
-
 
     def close(self) -> None:
         """Save a last checkpoint (when configured) and close the session."""
-        if self._checkpointer is not None:
-            self._busy = True
-            self._checkpointer.save(self.session)
-            self._busy = False
+        self._checkpoints.save()
         self.close_after_trial()
 
     def close_after_trial(self) -> None:
         """Close the session, saving nothing: AUTO kept another plan (runtime/trials.py)."""
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
+        self._checkpoints.restore_signal()
         # Each queue runner closes its queue, cancelling the enqueues under way, and its thread
         # ends quietly (a closed session would fail them with CancelledError instead).
         self._coordinator.request_stop()
@@ -246,24 +207,21 @@ class ParallaxRunner(tf_private.SessionInterface):
 
     def take_checkpointer(self, checkpointer) -> None:
         """Save checkpoints from now on (the plan AUTO kept after its trials)."""
-        self._checkpointer = checkpointer
-        checkpointer.begin(self.session)
-        if checkpointer.saves:
-            self._save_on_sigterm()
+        self._checkpoints.take(checkpointer)
 
     @property
     def input_iterators(self) -> input_position.Iterators:
-        return self._checkpointer.iterators
+        return self._checkpoints.checkpointer.iterators
 
     def save_input(self, checkpoint: str) -> None:
         """This worker's input position beside `checkpoint` (input_position.py)."""
-        self._checkpointer.save_input(self.session, checkpoint)
+        self._checkpoints.checkpointer.save_input(self.session, checkpoint)
 
     def count_steps(self) -> None:
         """Count the steps to save after from the global step now (AUTO's trials switched to
         this runner)."""
-        if self._checkpointer is not None:
-            self._checkpointer.begin(self.session)
+        if self._checkpoints.checkpointer is not None:
+            self._checkpoints.checkpointer.begin(self.session)
 
     @property
     def settled(self) -> bool:
@@ -275,30 +233,6 @@ class ParallaxRunner(tf_private.SessionInterface):
     def broadcast_ops(self) -> list:
         """What makes every replica take worker 0's values (passes/allreduce.py)."""
         return contracts.read_broadcasts(self.transformed_graph)
-
-    def _save_on_sigterm(self) -> None:
-        """A SIGTERM (the driver stopping the job) saves a checkpoint before the process exits,
-        between steps: at once, or when the run or save under way ends (a run that never ends,
-        waiting for a peer that is gone, ends with the SIGKILL that follows)."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-
-        def on_sigterm(*_):
-            if self._busy:
-                self._stop_requested = True
-            else:
-                self._save_and_exit()
-
-        self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
-
-    def _save_and_exit(self) -> None:
-        self._stop_requested, self._busy = False, True
-        try:
-            self._checkpointer.save(self.session)
-            log.warning("stopped by SIGTERM after saving a checkpoint")
-        except Exception as error:  # pylint: disable=broad-except
-            log.warning("stopped by SIGTERM; the checkpoint could not be saved: %s", error)
-        sys.exit(128 + signal.SIGTERM)
 
     def __enter__(self):
         return self
@@ -411,15 +345,6 @@ def install_chief_only_saves() -> None:
 
     chief_only_save.parallax_chief_only = True
     tf.compat.v1.train.Saver.save = chief_only_save
-
-
-def _fed_path(feed_dict) -> Optional[str]:
-    """The path a Saver's save or restore run is fed (its only feed)."""
-    if not feed_dict or len(feed_dict) != 1:
-        return None
-    path = list(feed_dict.values())[0]
-    path = path.decode() if isinstance(path, bytes) else path
-    return path if isinstance(path, str) else None
 
 
 def _is_checkpoint_save(element) -> bool:
