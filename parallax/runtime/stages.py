@@ -148,7 +148,7 @@ class Profiling(Stage):
 
 
 class Progress(Stage):
-    """The driver's view of this worker's runs (runner.control's heartbeat): when one runs,
+    """The driver's view of this worker's runs (runner.heartbeat): when one runs,
     its training steps, the scalars reported and a restore."""
 
     def __init__(self, heartbeat):
