@@ -4,24 +4,8 @@ TensorFlow."""
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
 import json
-from typing import List
-
-
-@functools.lru_cache(maxsize=None)
-def horovod_installed() -> bool:
-    try:
-        return importlib.util.find_spec("horovod.tensorflow") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def default_collectives() -> str:
-    """Horovod where it is installed (its gloo allreduce is the faster on CPU:
-    benchmarks/HISTORY.md), else TensorFlow's own collective ops."""
-    return "horovod" if horovod_installed() else "tensorflow"
+from typing import List, Optional
 
 
 @dataclasses.dataclass
@@ -31,8 +15,9 @@ class Cluster:
     # 'host:port' each, when servers exist or the collectives run on the workers' servers
     workers: List[str] = dataclasses.field(default_factory=list)
     worker_id: int = 0
-    # the library (parallax/collectives/): 'horovod' or 'tensorflow'
-    collectives: str = dataclasses.field(default_factory=default_collectives)
+    # the library (parallax/collectives/): 'horovod', 'tensorflow', or None for the default one
+    # (collectives.choose); the driver writes the one it chose
+    collectives: Optional[str] = None
 
     @property
     def num_workers(self) -> int:

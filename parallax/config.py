@@ -4,10 +4,11 @@ receives of it (who reads what): `PlanOptions` for planning, `RuntimeOptions` fo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Optional, Sequence, Set
 
-from runner.settings import Settings
-from runner.ssh import SSHConfig
+from parallax.errors import ConfigError
+from runner.settings import SettingError, Settings
 
 # 'MPI' is the paper's name for the AllReduce path; both spell the same mode.
 RUN_OPTIONS = {"AR": "AR", "MPI": "AR", "PS": "PS", "HYBRID": "HYBRID", "AUTO": "AUTO"}
@@ -61,10 +62,11 @@ class ProfileConfig:
 
     def __post_init__(self):
         if not self.profile_dir:
-            raise ValueError("ProfileConfig needs a profile_dir")
+            raise ConfigError("profile_config", "profile_config=ProfileConfig(...) needs a "
+                              "profile_dir")
         if not all(isinstance(s, int) and s >= 1 for s in self.profile_steps):
-            raise ValueError(f"profile_steps are runs counted from 1, got "
-                             f"{list(self.profile_steps)!r}")
+            raise ConfigError("profile_config", f"profile_config's profile_steps are runs "
+                              f"counted from 1, got {list(self.profile_steps)!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +118,8 @@ class PlanOptions:
         run options' rules where they differ from its choice): each plan warms up on a third
         of them, untimed, and is timed on the rest in two turns, the second pass in the
         reverse order (planning/trial_policy.py), and the job keeps the plan whose steps were
-        fastest on the cluster. They are real training steps: each plan goes on from the last one's variables
-        and input, as one device would. 0 keeps the cost model's choice untried. A graph whose
+        fastest on the cluster. They are real training steps: each plan goes on from the last
+        one's variables and input, as one device would. 0 keeps the cost model's choice untried. A graph whose
         step draws random numbers (dropout) or reads a queue-based input is not tried: a new
         session would start those over.
     trial_margin: a rule's plan predicted slower than the cost model's choice by more than
@@ -144,34 +146,35 @@ class PlanOptions:
 
     def __post_init__(self):
         if self.collectives not in (None, "horovod", "tensorflow"):
-            raise ValueError(f"unknown collectives {self.collectives!r}: use 'horovod', "
-                             "'tensorflow' or None (Horovod where it is installed)")
+            raise ConfigError("collectives", f"unknown collectives {self.collectives!r}: use "
+                              "'horovod', 'tensorflow' or None (Horovod where it is installed)")
         option = str(self.run_option).upper()
         if option not in RUN_OPTIONS:
-            raise ValueError(
-                f"unknown run_option {self.run_option!r}: use one of {sorted(RUN_OPTIONS)} "
-                "('MPI' is the paper's name for 'AR')")
+            raise ConfigError("run_option", f"unknown run_option {self.run_option!r}: use one "
+                              f"of {sorted(RUN_OPTIONS)} ('MPI' is the paper's name for 'AR')")
         object.__setattr__(self, "run_option", RUN_OPTIONS[option])
         if not self.sync and self.run_option in ("AUTO", "AR"):
             # AUTO may choose no server at all (allreduce, allgather), which depends on the
             # links the driver measures: refused whatever it would choose.
-            raise ValueError(
-                f"sync=False trains the variables on parameter servers asynchronously, and "
-                f"run_option={self.run_option!r} "
+            raise ConfigError(
+                "sync", f"sync=False trains the variables on parameter servers asynchronously, "
+                f"and run_option={self.run_option!r} "
                 + ("has none" if self.run_option == "AR" else
                    "chooses synchronous methods too (allreduce, allgather)")
                 + ": use run_option='HYBRID' or 'PS', or train synchronously")
         if not isinstance(self.trial_steps, int) or self.trial_steps < 0 or (
                 0 < self.trial_steps < 3):
-            raise ValueError(f"trial_steps must be 0 (no trials) or at least 3 (a third to "
-                             f"warm up, then three timed turns), got {self.trial_steps!r}")
+            raise ConfigError("trial_steps", f"trial_steps must be 0 (no trials) or at least 3 "
+                              f"(a third to warm up, then three timed turns), got "
+                              f"{self.trial_steps!r}")
         if self.trial_margin is not None and (
                 isinstance(self.trial_margin, bool)
                 or not isinstance(self.trial_margin, (int, float)) or not self.trial_margin >= 0):
-            raise ValueError(f"trial_margin must be a fraction >= 0 (None: the model's measured "
-                             f"error), got {self.trial_margin!r}")
+            raise ConfigError("trial_margin", f"trial_margin must be a fraction >= 0 (None: the "
+                              f"model's measured error), got {self.trial_margin!r}")
         if not isinstance(self.ps_config, PSConfig):
-            raise ValueError(f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
+            raise ConfigError("ps_config",
+                              f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
 
     @property
     def decides(self) -> bool:
@@ -209,49 +212,36 @@ def _fields(part) -> Set[str]:
     return {field.name for field in dataclasses.fields(part)}
 
 
-@dataclasses.dataclass
+def _options_of(*parts):
+    """Makes a class the dataclass of every part's fields, with their defaults and their
+    docstrings: an option is declared once, in the part of the stage that reads it."""
+    def build(cls):
+        cls.__annotations__ = {}
+        for part in parts:
+            for field in dataclasses.fields(part):
+                cls.__annotations__[field.name] = field.type
+                setattr(cls, field.name, dataclasses.field(
+                    default=field.default, default_factory=field.default_factory))
+        cls.__doc__ = "\n\n".join([inspect.cleandoc(cls.__doc__)] + [
+            f"{part.__module__}.{part.__name__}: {inspect.cleandoc(part.__doc__)}"
+            for part in parts])
+        return dataclasses.dataclass(cls)
+    return build
+
+
+@_options_of(PlanOptions, RuntimeOptions, Settings)
 class Config:
     """How a job is distributed and run: the user's one object. Its keywords are those of the
-    parts each stage receives, documented there: PlanOptions (run_option, average_dense,
-    average_sparse, ps_config, hierarchical_allreduce, split_variables, sync_batch_norm,
-    search_partitions, sync, trial_steps, trial_margin, collectives), RuntimeOptions
-    (sess_config, ckpt_config, profile_config, export_graph_path, warn_unsharded_input) and
-    runner.settings.Settings (ssh, base_port, redirect_path, heartbeat_timeout_secs,
-    stall_timeout_secs, max_restarts, metrics_file, progress_bar). A restarted job
-    (max_restarts) resumes from its latest checkpoint, so it needs ckpt_config.ckpt_dir."""
-
-    run_option: str = "HYBRID"
-    average_dense: bool = True
-    average_sparse: bool = True
-    sess_config: Optional[object] = None
-    redirect_path: Optional[str] = None
-    ps_config: PSConfig = dataclasses.field(default_factory=PSConfig)
-    hierarchical_allreduce: Optional[bool] = None
-    split_variables: Optional[bool] = None
-    ssh: Optional[SSHConfig] = None
-    base_port: Optional[int] = None
-    ckpt_config: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-    sync_batch_norm: Optional[bool] = None
-    heartbeat_timeout_secs: float = 30.0
-    stall_timeout_secs: float = 300.0
-    max_restarts: int = 0
-    metrics_file: Optional[str] = None
-    progress_bar: Optional[bool] = None
-    search_partitions: bool = False
-    profile_config: Optional[ProfileConfig] = None
-    export_graph_path: Optional[str] = None
-    sync: bool = True
-    trial_steps: int = 30
-    trial_margin: Optional[float] = None
-    warn_unsharded_input: bool = True
-    collectives: Optional[str] = None
+    parts each stage receives (plan_options, runtime_options, launch_settings), documented
+    below, part by part. A restarted job (max_restarts) resumes from its latest checkpoint, so
+    it needs ckpt_config.ckpt_dir."""
 
     def __post_init__(self):
         self.run_option = self.plan_options.run_option  # checked, and 'MPI' spelled 'AR'
         if self.launch_settings.max_restarts and not self.ckpt_config.ckpt_dir:
-            raise ValueError(f"max_restarts={self.max_restarts} needs "
-                             "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
-                             "resumes from its latest checkpoint")
+            raise ConfigError("max_restarts", f"max_restarts={self.max_restarts} needs "
+                              "ckpt_config=CheckpointConfig(ckpt_dir=...): a restarted job "
+                              "resumes from its latest checkpoint")
 
     def _part(self, part):
         return part(**{name: getattr(self, name) for name in _fields(part)})
@@ -266,4 +256,7 @@ class Config:
 
     @property
     def launch_settings(self) -> Settings:
-        return self._part(Settings)
+        try:
+            return self._part(Settings)
+        except SettingError as error:
+            raise ConfigError(error.option, str(error)) from error

@@ -8,9 +8,20 @@ from typing import Optional
 from runner.ssh import SSHConfig
 
 
+class SettingError(ValueError):
+    """A wrong setting; `option` is its keyword, which the message names too (parallax.Config
+    raises it as its own ConfigError: runner/ knows nothing of Parallax)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """ssh: how to reach remote hosts; by default from PARALLAX_SSH_* environment variables and
+    """What runner/ reads: how it starts and supervises the job's processes.
+
+    ssh: how to reach remote hosts; by default from PARALLAX_SSH_* environment variables and
         the user's ~/.ssh/config.
     base_port: when set, each host's server and workers use consecutive ports from it;
         otherwise free ports are picked on each host.
@@ -38,8 +49,10 @@ class Settings:
     progress_bar: Optional[bool] = None
 
     def __post_init__(self):
-        if not self.heartbeat_timeout_secs > 0 or not self.stall_timeout_secs > 0:
-            raise ValueError("heartbeat_timeout_secs and stall_timeout_secs must be positive")
+        for option in ("heartbeat_timeout_secs", "stall_timeout_secs"):
+            seconds = getattr(self, option)
+            if not seconds > 0:
+                raise SettingError(option, f"{option} (seconds) must be positive, got {seconds!r}")
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be a whole number >= 0, got "
-                             f"{self.max_restarts!r}")
+            raise SettingError("max_restarts", f"max_restarts must be a whole number >= 0, got "
+                                               f"{self.max_restarts!r}")

@@ -3,23 +3,35 @@ asks of one; horovod.py: Horovod's; tensorflow.py: TensorFlow's own collective o
 else in the package imports a collectives library."""
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Callable, Optional
 
-from parallax.cluster import Cluster, default_collectives, horovod_installed
+from parallax.cluster import Cluster
 from parallax.collectives.base import Collectives
-from parallax.errors import ParallaxError
+from parallax.errors import ConfigError
 
 __all__ = ["Collectives", "choose", "create", "horovod_installed"]
 
 
+@functools.lru_cache(maxsize=None)
+def horovod_installed() -> bool:
+    try:
+        return importlib.util.find_spec("horovod.tensorflow") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def choose(requested: Optional[str]) -> str:
-    """The library a job runs: the one requested (Config.collectives), else the default."""
+    """The library a job runs: the one requested (Config.collectives, Cluster.collectives), else
+    Horovod where it is installed (its gloo allreduce is the faster on CPU:
+    benchmarks/HISTORY.md), else TensorFlow's own collective ops."""
     if requested is None:
-        return default_collectives()
+        return "horovod" if horovod_installed() else "tensorflow"
     if requested == "horovod" and not horovod_installed():
-        raise ParallaxError("collectives='horovod', and Horovod is not installed here (it builds "
-                            "against TensorFlow 2.18 and older): install it, or use "
-                            "collectives='tensorflow', TensorFlow's own collective ops")
+        raise ConfigError("collectives", "collectives='horovod', and Horovod is not installed "
+                          "here (it builds against TensorFlow 2.18 and older): install it, or use "
+                          "collectives='tensorflow', TensorFlow's own collective ops")
     return requested
 
 
@@ -27,7 +39,7 @@ def create(cluster: Cluster, server: Optional[Callable]) -> Collectives:
     """The collectives of a job on `cluster` (cluster.collectives), imported here when a job
     needs them; `server()` is the worker's gRPC server, for those whose sessions run on it
     (None where the collectives only build ops: a rewrite that does not run)."""
-    if cluster.collectives == "tensorflow":
+    if choose(cluster.collectives) == "tensorflow":
         from parallax.collectives.tensorflow import TensorFlowCollectives  # noqa: C0415
 
         return TensorFlowCollectives(cluster, server)

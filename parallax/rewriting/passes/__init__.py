@@ -10,6 +10,7 @@ from typing import Callable, FrozenSet, Iterable
 
 import tensorflow as tf
 
+from parallax import collectives
 from parallax.planning.job_plan import Plan
 
 Pass = Callable[[tf.Graph, Plan], tf.Graph]
@@ -44,4 +45,4 @@ def on_grpc_servers(plan: Plan) -> bool:
     server). State there outlives a session. (An AR plan AUTO times in a job with servers runs
     in a session of its process, under Horovod.)"""
     return ((plan.cluster.has_servers and plan.run_option in ("PS", "HYBRID"))
-            or plan.cluster.collectives == "tensorflow")
+            or collectives.choose(plan.cluster.collectives) == "tensorflow")
