@@ -4,6 +4,8 @@ with a typed writer and a typed reader.
 - The environment the driver writes for each process it starts. A worker learns from it its
   role, the cluster and its identity in it, the plan, and the shards the plan gives
   parallax.get_partitioner's calls (read while the script builds its graph, before get_runner).
+- Typed values as text (`to_wire`/`from_wire`, `to_text`/`from_text`): the one converter of
+  the plan the driver sends every worker, and of the answer of `python -m parallax.plan`.
 - The graph collections: the gradients capture records while the script builds its graph
   (which travel with it into each copy), the partitioner's calls, the split of variables, and
   what the passes leave in a worker's copy for the passes after them and for the runtime (the
@@ -11,11 +13,17 @@ with a typed writer and a typed reader.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import contextvars
 import dataclasses
+import enum
+import functools
 import json
 import os
+import types
+import typing
+import zlib
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
@@ -49,6 +57,77 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
 
 def _environ() -> Mapping[str, str]:
     return _ENVIRONMENT.get(os.environ)
+
+
+# --- Typed values as text: the plan to the workers, the plan command's answer. --------------
+
+# A dataclass field's metadata: not sent, as every process has its own (the analysis' objects);
+# it arrives as None.
+NOT_SENT = {"sent": False}
+
+
+def to_wire(value: Any) -> Any:
+    """`value` as JSON holds it: a dataclass as an object of its fields in their order, but the
+    NOT_SENT ones and those at their default of None (from_wire gives them the default again);
+    an enum as its value; a tuple (a NamedTuple too) as a list."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: to_wire(getattr(value, field.name))
+                for field in dataclasses.fields(value) if field.metadata.get("sent", True)
+                and not (field.default is None and getattr(value, field.name) is None)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {key: to_wire(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_wire(item) for item in value]
+    return value
+
+
+def from_wire(kind: Any, data: Any) -> Any:
+    """What to_wire wrote, as `kind` again: a dataclass, a NamedTuple, an enum, or a type hint
+    of them (Optional, List, Tuple, Dict with str keys)."""
+    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
+    if data is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        return from_wire(next(a for a in arguments if a is not type(None)), data)
+    if origin is dict:
+        return {key: from_wire(arguments[1], item) for key, item in data.items()}
+    if origin is list:
+        return [from_wire(arguments[0], item) for item in data]
+    if origin is tuple:
+        kinds = arguments[:1] * len(data) if arguments[1:] == (Ellipsis,) else arguments
+        return tuple(from_wire(item_kind, item) for item_kind, item in zip(kinds, data))
+    if dataclasses.is_dataclass(kind):
+        hints = _hints(kind)
+        return kind(**{field.name: from_wire(hints[field.name], data.get(field.name))
+                       for field in dataclasses.fields(kind)
+                       if field.name in data or _required(field)})
+    if isinstance(kind, type) and issubclass(kind, tuple):  # a NamedTuple
+        return kind(*(from_wire(_hints(kind)[name], item)
+                      for name, item in zip(kind._fields, data)))
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(data)
+    return data
+
+
+def _required(field: dataclasses.Field) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(kind: type) -> Dict[str, Any]:
+    return typing.get_type_hints(kind)
+
+
+def to_text(value: Any) -> str:
+    """`value` (to_wire's) as one environment variable carries it: JSON, compressed, so that
+    a large graph's plan stays far below the kernel's limit on one variable (128 KiB)."""
+    return base64.b64encode(zlib.compress(json.dumps(to_wire(value)).encode(), 9)).decode()
+
+
+def from_text(kind: Any, text: str) -> Any:
+    return from_wire(kind, json.loads(zlib.decompress(base64.b64decode(text))))
 
 
 DISTRIBUTED, ONE_DEVICE = "distributed", "one device"  # VerifyRun.phase

@@ -125,7 +125,7 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
         check_plan(analysis, options)  # a graph it refuses fails before the resources are read
         decision = None
     workers_per_machine = launch.workers_per_machine(resources)
-    planned = copy_and_split(graph, analysis, decision.splits if decision else [])[1]
+    planned = copy_and_split(graph, analysis, decision.splits if decision else {})[1]
     decisions = [decision]
     if decision is not None and options.trial_steps:
         decisions += [decision.alternative(i) for i in range(len(decision.alternatives))]

@@ -55,14 +55,14 @@ def test_rows_are_measured_on_as_many_batches_as_workers():
     # rows with ids (396 kB); one server would send 2 workers ~500 rows each (256 kB), and
     # then receive the other machine's ~1000 summed rows (264 kB); the table split in two
     # shards, one a server, each machine's link carries half of both (260 kB).
-    assert decision.splits == [["table", 2]]
-    assert decision.methods["table/part_0"]["how"] == cost.PS
-    assert decision.methods["w"]["how"] == cost.ALLREDUCE
-    stats = decision.variable_stats()["table/part_0"]  # half of the table's, as measured
+    assert decision.splits == {"table": 2}
+    assert decision.methods["table/part_0"].how == cost.PS
+    assert decision.methods["w"].how == cost.ALLREDUCE
+    stats = decision.stats["table/part_0"]  # half of the table's, as measured
     assert stats.rows == 250 and stats.row_bytes == 256 and stats.index_bytes == 8
     assert len(stats.unique) == 4 and 245 < stats.unique[0] <= 250
     assert stats.unique[0] < stats.unique[1] < stats.unique[3] <= 1000
-    assert Decision(**{**decision.__dict__}).variable_stats() == decision.variable_stats()
+    assert contracts.from_text(Decision, contracts.to_text(decision)) == decision  # the wire
 
 
 def test_a_table_read_as_words_are_read_is_split_over_the_servers():
@@ -70,15 +70,15 @@ def test_a_table_read_as_words_are_read_is_split_over_the_servers():
     # pushes of 90 kB through its link; split in two shards, half of them through each.
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    stats = decision.variable_stats()
+    stats = decision.stats
     assert stats["table/part_0"].unique[0] < 125 and stats["table/part_1"].nbytes == 100_000 * 128
-    assert decision.splits == [["table", 2]]
-    assert decision.methods["table/part_0"] == {"how": cost.PS, "server": 0}
-    assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
+    assert decision.splits == {"table": 2}
+    assert decision.methods["table/part_0"] == cost.Method(cost.PS, (0,))
+    assert decision.methods["table/part_1"] == cost.Method(cost.PS, (1,))
     assert "split over servers: table in 2 shards" in decision.note
     # The workers split it (passes/split_variables.py): describe() shows each shard.
     plan = make_plan(
-        analyze(split_variables(copy_graph(graph), dict(decision.splits))), PlanOptions("AUTO"),
+        analyze(split_variables(copy_graph(graph), decision.splits)), PlanOptions("AUTO"),
         Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]), decision=decision)
     lines = describe(plan).splitlines()
     assert [line.split()[:2] for line in lines if line.startswith("table")] == [
@@ -96,8 +96,8 @@ def test_a_table_the_user_partitioned_is_not_split_again():
         tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(
             tf.compat.v1.nn.embedding_lookup(table, ids, partition_strategy="mod")))
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.splits == []
-    assert {decision.methods[f"table/part_{j}"]["server"] for j in range(2)} == {0, 1}
+    assert decision.splits == {}
+    assert {decision.methods[f"table/part_{j}"].servers for j in range(2)} == {(0,), (1,)}
 
 
 def test_a_split_must_be_predicted_faster_by_a_margin(monkeypatch):
@@ -106,17 +106,17 @@ def test_a_split_must_be_predicted_faster_by_a_margin(monkeypatch):
     monkeypatch.setattr(proposal, "SPLIT_MARGIN", 10.0)
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
+    assert decision.splits == {} and decision.methods["table"].how == cost.PS
 
 
 def test_split_variables_true_splits_without_measurements_and_false_never():
     fed = _graph(vocab=1000, ids_per_batch=0, feed=True)  # no probe: HYBRID's rule
     decision = measure_and_decide(fed, analyze(fed), TWO_BY_TWO, split_variables=True)
-    assert decision.splits == [["table", 2]]
-    assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
+    assert decision.splits == {"table": 2}
+    assert decision.methods["table/part_1"] == cost.Method(cost.PS, (1,))
     assert decision.note.endswith("split over servers: table in 2 shards")
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
-    assert measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=False).splits == []
+    assert measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=False).splits == {}
 
 
 def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_methods():
@@ -126,8 +126,8 @@ def test_split_variables_true_splits_what_a_server_holds_and_keeps_the_others_me
     links = cost.Links(bandwidth=2.6e9, latency=14e-6)  # loopback, as measured here
     chosen = measure_and_decide(graph, analyze(graph), [1, 1], links)
     split = measure_and_decide(graph, analyze(graph), [1, 1], links, split_variables=True)
-    assert chosen.methods["table"]["how"] == split.methods["table"]["how"] == cost.ALLREDUCE
-    assert split.splits == [] and "kept whole: table (not on a server: allreduce)" in split.note
+    assert chosen.methods["table"].how == split.methods["table"].how == cost.ALLREDUCE
+    assert split.splits == {} and "kept whole: table (not on a server: allreduce)" in split.note
 
 
 def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
@@ -137,10 +137,10 @@ def test_a_table_that_cannot_be_split_stays_whole_on_a_server():
         tf.while_loop(lambda i: i < 3, lambda i: i + tf.cast(tf.reduce_sum(
             tf.nn.embedding_lookup(table, [i])) > 0, tf.int32), [0])
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.splits == [] and decision.methods["table"]["how"] == cost.PS
+    assert decision.splits == {} and decision.methods["table"].how == cost.PS
     assert "kept whole: table (While 'while' uses 'table'" in decision.note
     split = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=True)  # asked: says why not
-    assert split.splits == [] and "kept whole: table (While" in split.note
+    assert split.splits == {} and "kept whole: table (While" in split.note
 
 
 def _copied_tables(feed: bool) -> tf.Graph:
@@ -174,12 +174,12 @@ def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, 
     larger table split and the other whole, saying why, where it kept both whole."""
     graph = _copied_tables(feed)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, split_variables=split)
-    assert decision.splits == [["large", 2]]
-    assert {decision.methods[f"large/part_{j}"]["server"] for j in range(2)} == {0, 1}
-    assert decision.methods["small"]["how"] == cost.PS
+    assert decision.splits == {"large": 2}
+    assert {decision.methods[f"large/part_{j}"].servers for j in range(2)} == {(0,), (1,)}
+    assert decision.methods["small"].how == cost.PS
     assert "kept whole: small (" in decision.note and "uses 'large'" in decision.note
     plan = make_plan(  # as the workers plan it, `large` split in their copy
-        analyze(split_variables(copy_graph(graph), dict(decision.splits))), PlanOptions("AUTO"),
+        analyze(split_variables(copy_graph(graph), decision.splits)), PlanOptions("AUTO"),
         Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"]), decision=decision)
     assert [line.split()[0] for line in describe(plan).splitlines()
             if line.startswith(("small", "large"))] == ["small", "large/part_0", "large/part_1"]
@@ -188,8 +188,8 @@ def test_tables_that_split_alone_not_together_split_in_turn_largest_first(feed, 
 def test_a_table_every_batch_reads_whole_is_allreduced():
     graph = _graph(vocab=1000, ids_per_batch=20_000)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.variable_stats()["table"].unique == (1000,) * 4
-    assert decision.methods["table"] == {"how": cost.ALLREDUCE, "server": None}
+    assert decision.stats["table"].unique == (1000,) * 4
+    assert decision.methods["table"] == cost.Method(cost.ALLREDUCE)
 
 
 def test_a_graph_written_for_tensorflows_parameter_servers_is_measured():
@@ -199,14 +199,14 @@ def test_a_graph_written_for_tensorflows_parameter_servers_is_measured():
                    device=tf.compat.v1.train.replica_device_setter(ps_tasks=2))
     assert graph.get_operation_by_name("table").device == "/job:ps/task:0"
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.variable_stats()["table"].unique == (1000,) * 4, decision.note
+    assert decision.stats["table"].unique == (1000,) * 4, decision.note
     assert graph.get_operation_by_name("table").device == "/job:ps/task:0"  # left as built
 
 
 def test_a_fed_graph_gets_hybrids_rule_and_says_why(monkeypatch):
     graph = _graph(vocab=1000, ids_per_batch=0, feed=True)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
+    assert decision.methods["table"].how == cost.PS and decision.stats == {}
     assert decision.note == "HYBRID's rule: the input comes through feed_dict ('Placeholder')"
 
     # DeepFM's graph (issue 69), fed and evaluated between its steps: the driver counts no
@@ -224,7 +224,7 @@ def test_a_fed_graph_gets_hybrids_rule_and_says_why(monkeypatch):
                                  options.plan_options, options.launch_settings)[0]
     assert plan.decision.stats == {} and plan.decision.note == (
         "HYBRID's rule: the input comes through feed_dict ('feat_index')")
-    assert plan.decision.methods["feature_embeddings"]["how"] == cost.PS
+    assert plan.decision.methods["feature_embeddings"].how == cost.PS
 
 
 
@@ -248,7 +248,7 @@ def _queue_graph(fill_queue=True):
 def test_a_queue_based_input_is_read_with_its_queue_runners_started_and_stopped():
     graph = _queue_graph()
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    stats = decision.variable_stats()
+    stats = decision.stats
     assert sum(s.rows for name, s in stats.items() if name.startswith("table")) == 64
     assert decision.compute is not None and "one worker's step alone" in decision.note
     assert not [t for t in threading.enumerate() if t.name.startswith("QueueRunnerThread")]
@@ -266,7 +266,7 @@ def test_input_the_driver_waits_for_too_long_gets_hybrids_rule_and_says_why(monk
     monkeypatch.setattr(measure, "PROBE_RUN_SECONDS", 1)
     graph = _queue_graph(fill_queue=False)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
+    assert decision.methods["table"].how == cost.PS and decision.stats == {}
     assert decision.note == ("HYBRID's rule: the probe of the input failed: a run waited more "
                              "than 1 s (for input only the workers can read?)")
 
@@ -280,7 +280,7 @@ def test_the_variables_the_probe_would_allocate_count_optimizer_slots():
 def test_a_model_larger_than_the_drivers_free_memory_is_not_probed_and_says_why():
     graph = _graph(vocab=10 ** 9, ids_per_batch=10)  # 768 GB with Adam's slots
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.methods["table"]["how"] == cost.PS and decision.stats == {}
+    assert decision.methods["table"].how == cost.PS and decision.stats == {}
     assert decision.note.startswith(
         "HYBRID's rule: the probe would allocate the graph's variables, 768 GB, more than 50% "
         "of the driver's free memory ("), decision.note
@@ -306,7 +306,7 @@ def test_a_table_whose_moving_average_the_gradients_wait_for_stays_off_the_serve
         # in the driver, before any launch
         make_plan(analysis, PlanOptions(run_option="HYBRID"), TWO_MACHINES)
     decision = measure_and_decide(graph, analysis, TWO_BY_TWO)
-    assert decision.methods["table"]["how"] != cost.PS
+    assert decision.methods["table"].how != cost.PS
     make_plan(analysis, PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=decision)
 
 
@@ -323,7 +323,7 @@ def test_an_update_inside_tf_cond_is_not_timed_and_says_why():
                 tf.no_op)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is None and "compute not measured (the step could not" in decision.note
-    assert decision.variable_stats()["table"].rows == 4
+    assert decision.stats["table"].rows == 4
 
 def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     graph = _graph(vocab=100_000, ids_per_batch=500)
@@ -331,9 +331,8 @@ def test_the_step_of_one_worker_is_timed_and_the_plan_predicted():
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6),
                       within_machine=within)
     assert 0 < decision.compute < 5
-    stats = decision.variable_stats()
-    chosen = {name: cost.Method(m["how"], (m["server"],) if m["server"] is not None else ())
-              for name, m in decision.methods.items()}
+    stats = decision.stats
+    chosen = decision.methods
     communication = cost.step_time(chosen, stats, cost.Shape(2, 2), cost.Links(bandwidth=1e6),
                                    hierarchical_allreduce=decision.machine_stages)
     # Adam's update of the whole table (100,000 x 64) is most of a step alone; on a server it
@@ -398,7 +397,7 @@ def test_a_step_reading_a_reinitializable_iterator_is_timed_with_the_training_on
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     assert decision.compute is not None and "predicted step" in decision.note, decision.note
     # the training set's 8 distinct ids a batch (the evaluation set's: 1), in AUTO's two shards
-    assert sum(s.rows for s in decision.variable_stats().values()) == 8
+    assert sum(s.rows for s in decision.stats.values()) == 8
 
 
 def test_a_step_with_a_fed_learning_rate_is_timed_with_it_fed():
@@ -451,7 +450,7 @@ def test_describe_shows_each_variables_method_alpha_bytes_and_share_of_the_predi
     graph = _graph(vocab=100_000, ids_per_batch=500, zipf=True)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, cost.Links(bandwidth=1e6))
     # The workers' analysis: of their copy, with the table split (passes/split_variables.py)
-    analysis = analyze(split_variables(copy_graph(graph), dict(decision.splits)))
+    analysis = analyze(split_variables(copy_graph(graph), decision.splits))
     cluster = Cluster(worker_machines=[0, 0, 1, 1], servers=["a:1", "b:1"])
     text = describe(make_plan(analysis, PlanOptions(run_option="AUTO"), cluster, decision=decision))
     assert text.startswith("Parallax plan: run_option=AUTO (HYBRID's passes), 4 workers")
@@ -480,11 +479,11 @@ def test_the_drivers_plan_reaches_the_workers_whole(monkeypatch):
         monkeypatch.setenv(name, value)
     assert contracts.read_partition_counts() == {0: 2}
     identity = Cluster([0, 0, 1, 1], ["h1:7", "h2:7"], ["h1:8", "h1:9", "h2:8", "h2:9"], 3)
-    received = Plan.from_text(contracts.read_plan_texts()[0]).bind(analyze(graph), identity)
-    assert received.to_text() == plan.to_text() and received.cluster == identity
-    assert dataclasses.replace(received, decision=None, cluster=None) == dataclasses.replace(
-        plan, decision=None, cluster=None)
-    assert received.decision.variable_stats() == plan.decision.variable_stats()
+    sent = contracts.read_plan_texts()[0]
+    assert Plan.from_text(sent).to_text() == sent
+    received = Plan.from_text(sent).bind(analyze(graph), identity)
+    assert received.cluster == identity
+    assert dataclasses.replace(received, cluster=plan.cluster) == plan  # every field, typed
     assert received.variables["table"].variable.gradients  # the worker's own analysis
 
 
@@ -519,11 +518,11 @@ def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
     graph = _graph(vocab=100_000, ids_per_batch=500)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
     # HYBRID's is chosen
-    assert [a["name"] for a in decision.alternatives] == ["AR's rule", "PS's rule"]
+    assert [a.name for a in decision.alternatives] == ["AR's rule", "PS's rule"]
     allgathered = decision.alternative(0)
     assert allgathered.name == "AR's rule" and allgathered.alternatives == []
     assert set(allgathered.methods) == set(decision.methods)  # table/part_0, table/part_1, w
-    assert {m["how"] for n, m in allgathered.methods.items() if n != "w"} == {cost.ALLGATHER}
+    assert {m.how for n, m in allgathered.methods.items() if n != "w"} == {cost.ALLGATHER}
     assert allgathered.step > 0 and allgathered.note.startswith("AR's rule, timed against")
     plans = [make_plan(analyze(split_variables(copy_graph(graph), {"table": 2})),
                        PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=d)
@@ -531,8 +530,8 @@ def test_a_plan_with_servers_is_timed_against_allgathering_its_tables():
     assert [p.run_option for p in plans] == ["HYBRID", "AR"]
     on_servers = decision.alternative(1)
     assert set(on_servers.methods) == set(decision.methods)
-    assert {m["how"] for m in on_servers.methods.values()} == {cost.PS}
-    assert on_servers.methods["w"]["server"] in (0, 1) and on_servers.step > 0
+    assert {m.how for m in on_servers.methods.values()} == {cost.PS}
+    assert on_servers.methods["w"].servers in ((0,), (1,)) and on_servers.step > 0
     plan = make_plan(analyze(split_variables(copy_graph(graph), {"table": 2})),
                      PlanOptions(run_option="AUTO"), TWO_MACHINES, decision=on_servers)
     assert plan.run_option == "PS"
@@ -548,7 +547,7 @@ def test_a_rule_that_would_put_a_variable_the_gradients_wait_for_on_a_server_is_
             loss = tf.reduce_sum(w * average)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert "PS's rule" not in [a["name"] for a in decision.alternatives]
+    assert "PS's rule" not in [a.name for a in decision.alternatives]
 
 
 def test_a_plan_allreducing_every_table_is_timed_against_servers():
@@ -556,9 +555,9 @@ def test_a_plan_allreducing_every_table_is_timed_against_servers():
     the model's error: only the servers' plans are timed."""
     graph = _graph(vocab=100, ids_per_batch=500)  # every row in every batch: allreduced
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.methods["table"]["how"] == cost.ALLREDUCE
-    assert [a["name"] for a in decision.alternatives] == ["HYBRID's rule", "PS's rule"]
-    assert [a["methods"]["table"]["how"] for a in decision.alternatives] == [cost.PS, cost.PS]
+    assert decision.methods["table"].how == cost.ALLREDUCE
+    assert [a.name for a in decision.alternatives] == ["HYBRID's rule", "PS's rule"]
+    assert [a.methods["table"].how for a in decision.alternatives] == [cost.PS, cost.PS]
     assert "AR's rule" in decision.note and "not timed: beyond the model's error" in decision.note
 
 
@@ -569,7 +568,7 @@ def test_a_dense_model_is_not_timed():
         loss = tf.reduce_sum(tf.matmul(tf.ones([8, 64]), w))
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     decision = measure_and_decide(graph, analyze(graph), TWO_BY_TWO)
-    assert decision.methods["w"]["how"] == cost.ALLREDUCE and decision.alternatives == []
+    assert decision.methods["w"].how == cost.ALLREDUCE and decision.alternatives == []
 
 
 def test_a_step_drawing_random_numbers_is_not_timed_and_says_why():
@@ -599,7 +598,7 @@ def test_a_rule_predicted_slower_by_more_than_the_model_errs_is_not_timed(monkey
     # One measurement decided twice: a step timed again differs by more than a margin's width.
     measured = planner.measure(graph, analysis, TWO_BY_TWO)
     timed = planner.decide(graph, analysis, measured, PlanOptions(run_option="AUTO"))
-    margins = {a["name"]: a["step"] / timed.step - 1 for a in timed.alternatives}
+    margins = {a.name: a.step / timed.step - 1 for a in timed.alternatives}
     assert set(margins) == {"HYBRID's rule", "PS's rule"} and min(margins.values()) > 0
     assert "no trials" not in timed.note
     monkeypatch.setattr(proposal, "TRUSTED_MARGIN", min(margins.values()) / 2)
@@ -621,7 +620,7 @@ def test_trial_margin_is_a_fraction_or_none(margin):
 def test_a_trial_margin_given_times_every_rule_or_fewer(monkeypatch):
     graph = _graph(vocab=100, ids_per_batch=500)
     every = measure_and_decide(graph, analyze(graph), TWO_BY_TWO, trial_margin=float("inf"))
-    assert [a["name"] for a in every.alternatives] == ["AR's rule", "HYBRID's rule",
+    assert [a.name for a in every.alternatives] == ["AR's rule", "HYBRID's rule",
                                                        "PS's rule"]
     assert measure_and_decide(graph, analyze(graph), TWO_BY_TWO,
                               trial_margin=0.0).alternatives == []

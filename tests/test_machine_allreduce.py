@@ -52,7 +52,7 @@ def test_by_default_a_plan_uses_machine_stages_when_the_bytes_saved_pay_for_them
 
 def test_a_plan_follows_autos_decision_on_machine_stages_unless_the_config_says():
     graph, _ = _plan("dense", None)
-    methods = {name: {"how": "allreduce", "server": None} for name in analyze(graph).variables}
+    methods = {name: cost.Method(cost.ALLREDUCE) for name in analyze(graph).variables}
 
     def stages(hierarchical, decided, decided_for=methods):
         decision = Decision(methods=decided_for, stats={}, note="", machine_stages=decided)

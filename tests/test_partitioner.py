@@ -45,13 +45,13 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
         monkeypatch):
     graph = _graph()
     decision = measure_and_decide(graph, analyze(graph), [2, 2], run_option="HYBRID", search_partitions=True)
-    assert decision.partitions == [[0, "table", 2]]
-    assert decision.methods["table/part_0"] == {"how": cost.PS, "server": 0}
-    assert decision.methods["table/part_1"] == {"how": cost.PS, "server": 1}
-    assert decision.methods["w"] == {"how": cost.ALLREDUCE, "server": None}
+    assert decision.partitions == [(0, "table", 2)]
+    assert decision.methods["table/part_0"] == cost.Method(cost.PS, (0,))
+    assert decision.methods["table/part_1"] == cost.Method(cost.PS, (1,))
+    assert decision.methods["w"] == cost.Method(cost.ALLREDUCE)
     assert "partitions: table in 2" in decision.note
     # Each shard's statistics are half the table's: describe() finds every variable.
-    assert decision.variable_stats()["table/part_1"].nbytes == 100_000 * 256 // 2
+    assert decision.stats["table/part_1"].nbytes == 100_000 * 256 // 2
 
     for name, value in contracts.plan_env([], decision.partitions).items():
         monkeypatch.setenv(name, value)
@@ -72,8 +72,8 @@ def test_the_driver_splits_a_large_table_over_both_machines_and_workers_build_it
 def test_a_run_options_rule_is_kept_and_small_tables_stay_whole():
     graph = _graph(vocab=1000)
     decision = measure_and_decide(graph, analyze(graph), [2, 2], run_option="AR", search_partitions=True)
-    assert decision.methods["table/part_0"]["how"] == cost.ALLGATHER
-    assert decision.partitions == [[0, "table", 1]]
+    assert decision.methods["table/part_0"].how == cost.ALLGATHER
+    assert decision.partitions == [(0, "table", 1)]
 
 
 def test_a_worker_whose_graph_differs_from_the_drivers_is_stopped(monkeypatch):

@@ -7,7 +7,7 @@ import parallax
 from conftest import COLLECTIVE_OPS, HOROVOD, load_workload, needs_horovod
 from parallax import contracts
 from parallax.config import PlanOptions
-from parallax.planning import analysis
+from parallax.planning import analysis, cost
 from parallax.planning.analysis import analyze
 from parallax.vocabulary import upstream_ops
 from parallax.cluster import Cluster
@@ -357,7 +357,7 @@ def test_a_plan_whose_steps_need_no_horovod_uses_it_for_the_first_broadcast_only
 def _allreduce_everything(graph):
     """Worker 1's plan of AUTO deciding allreduce for every variable, tables too."""
     analysis = analyze(graph)
-    methods = {name: {"how": "allreduce", "server": None} for name in analysis.variables}
+    methods = {name: cost.Method(cost.ALLREDUCE) for name in analysis.variables}
     return make_plan(analysis, PlanOptions(run_option="AUTO"), Cluster(worker_id=1, **CLUSTER),
                      decision=Decision(methods=methods, stats={}, note="",
                                        machine_stages=False))

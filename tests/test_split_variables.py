@@ -296,7 +296,7 @@ def test_an_update_with_another_tables_ids_is_not_split():
 
 
 def test_a_later_graph_splits_what_it_can_and_the_decided_one_names_what_it_cannot():
-    splits = [["table", 2]]
+    splits = {"table": 2}
     frozen = tf.Graph()  # a later stage of training: the table frozen, a new layer trained
     with frozen.as_default():
         table = tf.compat.v1.get_variable("table", [VOCAB, 4], trainable=False)
@@ -325,7 +325,7 @@ def test_a_later_graph_keeps_whole_what_splits_alone_but_not_with_the_others():
         b.assign(a)
     assert splittable(graph, ["a"]) is None and splittable(graph, ["b"]) is None
     assert "AssignVariableOp" in splittable(graph, ["a", "b"])
-    _, analysis = copy_and_split(graph, analyze(graph), [["a", 2], ["b", 2]], planned=False)
+    _, analysis = copy_and_split(graph, analyze(graph), {"a": 2, "b": 2}, planned=False)
     assert {"a/part_0", "a/part_1", "b"} <= set(analysis.variables)
     assert "a" not in analysis.variables and "b/part_0" not in analysis.variables
 

@@ -17,7 +17,7 @@ def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None) -> str:
     bytes that its busiest link direction carries in a step as predicted (in each of the step's
     phases, cost.link_phases), and the share of the predicted step those bytes take. With the
     `analysis` the plan is bound to, the graph's other variables after it."""
-    stats = plan.decision.variable_stats() if plan.decision is not None else {}
+    stats = plan.decision.stats if plan.decision is not None else {}
     predicted = _predicted_bytes(plan, stats)
     rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
             + (("alpha", "predicted bytes", "share of step") if predicted else ())]

@@ -4,12 +4,10 @@ value: the driver sends it to every worker (`to_text`), which reads it (`from_te
 it to its own copy of the graph and its identity (`bind`), deciding nothing again."""
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
-import zlib
 from typing import Dict, List, Optional, Tuple
 
+from parallax import contracts
 from parallax.cluster import Cluster
 from parallax.config import PlanOptions, PSConfig
 from parallax.errors import ParallaxError
@@ -17,54 +15,52 @@ from parallax.planning import cost
 from parallax.planning.candidates import balance_by_bytes, rule
 from parallax.planning.cost import Sync
 from parallax.planning.analysis import GraphAnalysis, VariableInfo
+from parallax.planning.proposal import Alternative, PartitionCount
 from parallax.vocabulary import CONDITIONAL_OPS
 
 
 @dataclasses.dataclass
 class Decision:
-    methods: Dict[str, dict]  # variable -> {"how": a cost.Sync value, "server": int or None}
-    stats: Dict[str, dict]  # variable -> cost.VariableStats fields, as measured
+    """What the planner chose (planner.decide), as the plan carries it to every worker."""
+    # Per variable, shards apart: how it is synchronized, and on a server, its one server
+    methods: Dict[str, cost.Method]
+    stats: Dict[str, cost.VariableStats]  # per variable, as measured; empty: nothing was
     note: str  # how it was decided
     # Seconds of a worker's compute, its machine's cores shared (cost.shared_compute)
     compute: Optional[float] = None
     # Seconds of one worker's step alone, the speed of a server's updates (cost.step_time)
     alone: Optional[float] = None
-    links: Optional[dict] = None  # cost.Links fields the decision assumed
+    links: Optional[cost.Links] = None  # between machines, as the decision assumed them
     step: Optional[float] = None  # seconds of a step of the chosen plan, as predicted
-    # With search_partitions: [call, variable, shards] for each call of get_partitioner
-    partitions: List[list] = dataclasses.field(default_factory=list)
+    # With search_partitions: the shards of each call of get_partitioner
+    partitions: List[PartitionCount] = dataclasses.field(default_factory=list)
     # Allreduce in machine stages (Config.hierarchical_allreduce); None: not decided here
     machine_stages: Optional[bool] = None
-    # [variable, shards] for each variable the workers split (rewriting/split_variables.py)
-    splits: List[list] = dataclasses.field(default_factory=list)
+    # The variables the workers split (rewriting/split_variables.py), in so many shards
+    splits: Dict[str, int] = dataclasses.field(default_factory=dict)
     # The Config's run option it was made for: AUTO, or another whose servers and shards
     # (search_partitions, split_variables) were chosen here
     run_option: str = "AUTO"
-    # Other plans AUTO times on the cluster before it keeps the fastest (Config.trial_steps):
-    # {"name", "methods", "machine_stages", "step": predicted seconds}, each
-    alternatives: List[dict] = dataclasses.field(default_factory=list)
+    # Other plans AUTO times on the cluster before it keeps the fastest (Config.trial_steps)
+    alternatives: List[Alternative] = dataclasses.field(default_factory=list)
     name: str = "the cost model's choice"  # or the rule of an alternative
 
     def alternative(self, index: int) -> "Decision":
         """This decision with the methods of its alternative `index` instead of its own."""
         chosen = self.alternatives[index]
         return dataclasses.replace(
-            self, methods=chosen["methods"], machine_stages=chosen["machine_stages"],
-            step=chosen["step"], note=f"{chosen['name']}, timed against the cost model's "
-            f"choice; {self.note}", alternatives=[], name=chosen["name"])
+            self, methods=chosen.methods, machine_stages=chosen.machine_stages,
+            step=chosen.step, note=f"{chosen.name}, timed against the cost model's "
+            f"choice; {self.note}", alternatives=[], name=chosen.name)
 
     def link_model(self) -> cost.Links:
-        return cost.Links(**self.links) if self.links else cost.Links()
-
-    def variable_stats(self) -> Dict[str, cost.VariableStats]:
-        return {name: cost.VariableStats(**{**fields, "unique": tuple(fields["unique"])})
-                for name, fields in self.stats.items()}
-
+        return self.links or cost.Links()
 
 
 @dataclasses.dataclass
 class VariablePlan:
-    variable: Optional[VariableInfo]  # None in a plan not bound to a graph yet (Plan.bind)
+    # None in a plan not bound to a graph yet (Plan.bind): each worker has its own analysis
+    variable: Optional[VariableInfo] = dataclasses.field(metadata=contracts.NOT_SENT)
     sync: Sync
     average: bool  # aggregate as the mean over workers, else the sum
     server: Optional[int] = None  # the server holding it, for Sync.PS
@@ -128,31 +124,14 @@ class Plan:
         return self.extra_state_servers.get(variable)
 
     def to_text(self) -> str:
-        """The plan as the driver sends it: JSON of every field, but the analysis' objects
-        (a worker has its own, of the same graph), compressed, so that a large graph's plan
-        stays far below the kernel's limit on one environment variable (128 KiB)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        fields.update(
-            variables={name: [p.sync.value, p.average, p.server]
-                       for name, p in self.variables.items()},
-            cluster=self.cluster.worker_machines, servers=len(self.cluster.servers),
-            ps_config=dataclasses.asdict(self.ps_config),
-            decision=dataclasses.asdict(self.decision) if self.decision else None)
-        return base64.b64encode(zlib.compress(json.dumps(fields).encode(), 9)).decode()
+        """The plan as the driver sends it (contracts.to_text): every field but the analysis'
+        objects, which a worker binds of its own (`bind`)."""
+        return contracts.to_text(self)
 
     @classmethod
     def from_text(cls, text: str) -> "Plan":
         """The plan the driver sent, not bound yet to a graph (`bind`)."""
-        fields = json.loads(zlib.decompress(base64.b64decode(text)))
-        servers = fields.pop("servers")
-        fields.update(
-            variables={name: VariablePlan(None, Sync(sync), average, server)
-                       for name, (sync, average, server) in fields["variables"].items()},
-            cluster=Cluster(fields["cluster"], [f"server {j}" for j in range(servers)]),
-            ps_config=PSConfig(**fields["ps_config"]),
-            batch_moments=[tuple(pair) for pair in fields["batch_moments"]],
-            decision=Decision(**fields["decision"]) if fields["decision"] else None)
-        return cls(**fields)
+        return contracts.from_text(cls, text)
 
     def bind(self, analysis: GraphAnalysis, cluster: Cluster) -> "Plan":
         """This plan for a worker: its variables bound to the worker's analysis of its copy of
@@ -192,16 +171,19 @@ def make_plan(analysis: GraphAnalysis, options: PlanOptions, cluster: Cluster,
                          and p.server is None], len(cluster.servers))
     extra_state_servers, server_writes = _check(analysis, options, run_option, variables)
     sync = options.sync_batch_norm is not False  # None: wherever batch statistics are found
-    return Plan(run_option, cluster, variables, extra_state_servers, server_writes,
-                options.ps_config, uses_collectives(run_option, analysis, sync),
-                analysis.batch_moments if sync else [],
-                analysis.fused_batch_norms if sync else [],
-                [] if sync else batch_norms(analysis),
-                analysis.averaged_writes, analysis.summed_writes, run_index, decision,
-                not options.sync,
-                _machine_stages(options, cluster, variables, decision),
-                requested_run_option=options.run_option,
-                loss_denominators=list(analysis.loss_denominators))
+    return Plan(
+        run_option=run_option, cluster=cluster, variables=variables,
+        extra_state_servers=extra_state_servers, server_writes=server_writes,
+        ps_config=options.ps_config,
+        uses_collectives=uses_collectives(run_option, analysis, sync),
+        batch_moments=analysis.batch_moments if sync else [],
+        fused_batch_norms=analysis.fused_batch_norms if sync else [],
+        unsynchronized_batch_norms=[] if sync else batch_norms(analysis),
+        averaged_writes=analysis.averaged_writes, summed_writes=analysis.summed_writes,
+        run_index=run_index, decision=decision, asynchronous=not options.sync,
+        hierarchical_allreduce=_machine_stages(options, cluster, variables, decision),
+        requested_run_option=options.run_option,
+        loss_denominators=list(analysis.loss_denominators))
 
 
 def check_plan(analysis: GraphAnalysis, options: PlanOptions) -> None:
@@ -279,7 +261,7 @@ def _chosen(info: VariableInfo, decision: Decision,
     chosen = decision.methods.get(info.name)
     if chosen is None:
         return rule(run_option, info.is_sparse), None
-    return Sync(chosen["how"]), chosen["server"]
+    return chosen.how, chosen.servers[0] if chosen.servers else None
 
 
 def _check_differentiated_gradients_allreduced(analysis, variables) -> None:

@@ -85,22 +85,15 @@ def pose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
 
 def decision(problem: Problem, proposal: Proposal) -> Decision:
     """The proposal as the plan carries it."""
+    measured = not problem.unmeasured
     return Decision(
-        _methods(proposal.methods),
-        {name: dataclasses.asdict(s) for name, s in proposal.stats.items()}
-        if not problem.unmeasured else {},
-        explanation.note(problem, proposal), problem.worker_compute,
-        problem.compute.alone if problem.compute else None,
-        dataclasses.asdict(problem.links) if not problem.unmeasured else None,
-        proposal.step, [list(p) for p in proposal.partitions], proposal.machine_stages,
-        [[name, count] for name, count in proposal.splits.items()], problem.run_option,
-        [{"name": a.name, "methods": _methods(a.methods), "machine_stages": a.machine_stages,
-          "step": a.step} for a in proposal.alternatives])
-
-
-def _methods(methods: Dict[str, cost.Method]) -> Dict[str, dict]:
-    return {name: {"how": method.how, "server": method.servers[0] if method.servers
-                   else None} for name, method in methods.items()}
+        methods=proposal.methods, stats=proposal.stats if measured else {},
+        note=explanation.note(problem, proposal), compute=problem.worker_compute,
+        alone=problem.compute.alone if problem.compute else None,
+        links=problem.links if measured else None, step=proposal.step,
+        partitions=list(proposal.partitions), machine_stages=proposal.machine_stages,
+        splits=dict(proposal.splits), run_option=problem.run_option,
+        alternatives=list(proposal.alternatives))
 
 
 def _why_untimed(graph: tf.Graph, analysis: GraphAnalysis) -> Optional[str]:

@@ -6,7 +6,7 @@ option's rule (HYBRID's for AUTO)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from parallax.planning import cost
 from parallax.planning.candidates import (RULES, balanced_servers, fixed_hows, methods_for,
@@ -33,6 +33,14 @@ TRUSTED_MARGIN = 1 / (1 - MODEL_SHORTFALL) - 1
 SEARCHED = "the search's plan"  # an alternative's name, beside the rules'
 
 
+class PartitionCount(NamedTuple):
+    """The shards the search gave a call of parallax.get_partitioner (a tuple, as the
+    partitioner's readers unpack it)."""
+    call: int
+    variable: str
+    shards: int
+
+
 @dataclasses.dataclass
 class Alternative:
     name: str  # a run option's rule
@@ -46,7 +54,7 @@ class Proposal:
     methods: Dict[str, Method]  # per variable of the job's graph (shards apart)
     stats: Dict[str, VariableStats]  # per variable of the job's graph
     machine_stages: Optional[bool]  # None: not decided (no rows measured)
-    partitions: List[Tuple[int, str, int]]  # (get_partitioner call, variable, shards)
+    partitions: List[PartitionCount]
     splits: Dict[str, int]  # variables the workers split, in so many shards
     whole: Dict[str, str]  # why each other sparse variable is kept whole
     step: Optional[float] = None  # predicted seconds (with the compute when measured)
@@ -68,7 +76,7 @@ def propose(problem: Problem, alternatives: bool = True) -> Proposal:
     splits, whole = {}, dict(problem.whole)
     if problem.split is not False:
         (chosen, staged), splits, whole = _choose_splits(problem, counts, hows, (chosen, staged))
-    partitions = [(call, p.name, len(chosen[p.name].servers) or p.min_shards)
+    partitions = [PartitionCount(call, p.name, len(chosen[p.name].servers) or p.min_shards)
                   for call, p in enumerate(problem.partitions)]
     shards = {**{name: count for _, name, count in partitions}, **splits}
     methods, stats = apart(chosen, problem.variables, shards)

@@ -58,15 +58,14 @@ class _State:
     initializers: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
 
-def copy_and_split(graph: tf.Graph, analysis: GraphAnalysis, splits: List[list],
+def copy_and_split(graph: tf.Graph, analysis: GraphAnalysis, splits: Dict[str, int],
                    planned: bool = True) -> Tuple[tf.Graph, GraphAnalysis]:
-    """A copy of `graph` to transform, with the variables of the plan's `splits` ([name, shards]
-    each) in row shards, and its analysis (`analysis`, when it splits none). A graph the driver
+    """A copy of `graph` to transform, with the variables of the plan's `splits` (name ->
+    shards) in row shards, and its analysis (`analysis`, when it splits none). A graph the driver
     did not plan (`planned` False: built after the script's first get_runner, an evaluation
     graph) splits those it can in turn, as the driver chose them
     (split_rules.splittable_in_turn), and keeps the others whole."""
     copy = copy_graph(graph)
-    splits = dict(splits)
     if not planned:
         splits = {name: splits[name]
                   for name in split_rules.splittable_in_turn(copy, list(splits))[0]}
