@@ -68,6 +68,7 @@ class ExtraState:
 
 @dataclasses.dataclass
 class GraphAnalysis:
+    """What `analyze` read of a graph: every stage after it plans and rewrites from this."""
     variables: Dict[str, VariableInfo]  # in recording order
     extra_state: Dict[str, ExtraState]
     update_reads: Dict[str, set]  # variable -> the variables its update ops read
@@ -125,21 +126,77 @@ class GraphAnalysis:
 
 
 def analyze(graph: tf.Graph) -> GraphAnalysis:
+    """What training `graph` means for each of its variables, from the gradients capture
+    recorded: the trained variables and their update ops, the extra state training writes
+    beside them, which writes are each worker's own (averaged or summed over workers), and the
+    batch norms and losses to take over the combined batch. Raises ParallaxError for a graph
+    Parallax cannot train as one device would."""
+    records = _recorded_gradients(graph)
+    writes = _training_writes(graph)
+    gradients = _GradientOps.of(graph, records)
+    _check_gradients_are_applied(graph, records, writes)
+    variables = _trained_variables(graph, records, writes)
+    from_data = _per_worker_ops(graph, gradients.names, settings=False)
+    extra_state = _extra_state(graph, writes, variables, gradients, from_data)
+    _check_trained_variables_not_written_from_the_batch(graph, variables, gradients.ahead,
+                                                       gradients.names)
+    sizes = counters.batch_sizes(op for op in graph.get_operations()
+                                 if op.type in DATA_SOURCE_OPS and not is_setting(op))
+    summed, unclear = _counters(graph, extra_state, from_data, sizes)
+    forward = _forward(graph)
+    for info in variables.values():
+        if not info.is_sparse:
+            info.whole_reads = _whole_reads(graph.get_operation_by_name(info.name), forward)
+    trained = _data_downstream([graph.get_operation_by_name(n) for n in variables],
+                               stop=gradients.names, values_only=True)
+    denominators, unclear_denominators = _loss_denominators(forward, trained, from_data, sizes)
+    return GraphAnalysis(
+        variables=variables, extra_state=extra_state,
+        update_reads={name: _variables_read(graph, info.update_ops, gradients.ops)
+                      for name, info in variables.items()},
+        all_variables=[v.op.name for v in
+                       graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)],
+        function_calls=_function_calls(graph, writes), batch_moments=batch_moments(graph),
+        fused_batch_norms=_fused_batch_norms(graph),
+        before_gradients={w for ops in writes.values() for w in ops
+                          if graph.get_operation_by_name(w) in gradients.ahead},
+        differentiated=_differentiated(graph, records, writes), summed_writes=summed,
+        unclear_counters=unclear, loss_denominators=denominators,
+        unclear_denominators=unclear_denominators, in_v1_cond=_in_v1_cond(graph, writes))
+
+
+def _recorded_gradients(graph: tf.Graph) -> List[GradientRecord]:
     records = contracts.read_gradients(graph)
     if not records:
         raise ParallaxError(
             "the graph has no recorded gradients: `import parallax` before building the "
             "graph, then compute gradients with tf.compat.v1.gradients or a "
             "tf.compat.v1.train.Optimizer (minimize / compute_gradients) inside that graph")
+    return records
+
+
+@dataclasses.dataclass(frozen=True)
+class _GradientOps:
+    """The recorded gradients' ops, their tensors' names, and the ops before and after them."""
+    ops: Set[tf.Operation]
+    names: Set[str]
+    ahead: Set[tf.Operation]  # what the gradients are computed from
+    after: Set[str]  # names of the ops computed from them
+
+    @classmethod
+    def of(cls, graph: tf.Graph, records: List[GradientRecord]) -> "_GradientOps":
+        tensors = [graph.get_tensor_by_name(name) for r in records for name in r.tensor_names()]
+        ops = {t.op for t in tensors}
+        return cls(ops, {t.name for t in tensors}, upstream_ops(ops),
+                   {op.name for op in downstream_ops(ops)})
+
+
+def _trained_variables(graph: tf.Graph, records: List[GradientRecord],
+                       writes: Dict[str, List[str]]) -> Dict[str, VariableInfo]:
+    """The variables with a recorded gradient, in recording order."""
     by_variable: Dict[str, List[GradientRecord]] = collections.OrderedDict()
     for record in records:
         by_variable.setdefault(record.variable, []).append(record)
-
-    writes = _training_writes(graph)
-    gradient_tensors = [graph.get_tensor_by_name(name)
-                        for r in records for name in r.tensor_names()]
-    after_gradients = {op.name for op in downstream_ops(t.op for t in gradient_tensors)}
-    _check_gradients_are_applied(graph, records, writes)
     variables = collections.OrderedDict()
     for name, grads in by_variable.items():
         op = graph.get_operation_by_name(name)
@@ -152,10 +209,15 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
         variables[name] = VariableInfo(name=name, dtype=tf.as_dtype(op.get_attr("dtype")),
                                        shape=tuple(shape.as_list()), gradients=grads,
                                        update_ops=writes.get(name, []))
+    return variables
 
-    gradient_names = {t.name for t in gradient_tensors}
-    per_worker_ops = _per_worker_ops(graph, gradient_names)
-    from_data = _per_worker_ops(graph, gradient_names, settings=False)
+
+def _extra_state(graph: tf.Graph, writes: Dict[str, List[str]],
+                 variables: Dict[str, VariableInfo], gradients: _GradientOps,
+                 from_data: set) -> Dict[str, ExtraState]:
+    """Every variable training writes that has no gradient of its own; `from_data`: the ops
+    computed from a worker's own data, not from its settings."""
+    per_worker_ops = _per_worker_ops(graph, gradients.names)
     extra_state = collections.OrderedDict()
     for name, write_ops in writes.items():
         if name in variables:
@@ -170,36 +232,25 @@ def analyze(graph: tf.Graph) -> GraphAnalysis:
         extra_state[name] = ExtraState(
             name, _colocated_variable(graph, name, variables), write_ops,
             per_worker=bool(per_worker),
-            after_gradients=any(w in after_gradients for w in write_ops))
-    stop = {t.op for t in gradient_tensors}
-    update_reads = {name: _variables_read(graph, info.update_ops, stop)
-                    for name, info in variables.items()}
-    all_variables = [v.op.name for v in
-                     graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)]
-    function_calls = {w: graph.get_operation_by_name(w).type for ops in writes.values()
-                      for w in ops if graph.get_operation_by_name(w).type in FUNCTION_CALL_OPS}
-    fused = [op.name for op in graph.get_operations()
-             if op.type.startswith("FusedBatchNorm")
-             and not op.type.startswith("FusedBatchNormGrad") and op.get_attr("is_training")]
-    ahead = upstream_ops(t.op for t in gradient_tensors)
-    _check_trained_variables_not_written_from_the_batch(graph, variables, ahead, gradient_names)
-    before_gradients = {w for ops in writes.values() for w in ops
-                        if graph.get_operation_by_name(w) in ahead}
-    sizes = counters.batch_sizes(op for op in graph.get_operations()
-                                 if op.type in DATA_SOURCE_OPS and not is_setting(op))
-    summed, unclear = _counters(graph, extra_state, from_data, sizes)
-    trained = _data_downstream([graph.get_operation_by_name(n) for n in variables],
-                               stop=gradient_names, values_only=True)
+            after_gradients=any(w in gradients.after for w in write_ops))
+    return extra_state
+
+
+def _forward(graph: tf.Graph) -> Set[tf.Operation]:
+    """The ops that compute the differentiated losses."""
     losses = [graph.get_tensor_by_name(name).op for name in contracts.read_losses(graph)]
-    forward = upstream_ops(losses) | set(losses)
-    for info in variables.values():
-        if not info.is_sparse:
-            info.whole_reads = _whole_reads(graph.get_operation_by_name(info.name), forward)
-    denominators, unclear_denominators = _loss_denominators(forward, trained, from_data, sizes)
-    return GraphAnalysis(variables, extra_state, update_reads, all_variables, function_calls,
-                         batch_moments(graph), fused, before_gradients,
-                         _differentiated(graph, records, writes), summed, unclear,
-                         denominators, unclear_denominators, _in_v1_cond(graph, writes))
+    return upstream_ops(losses) | set(losses)
+
+
+def _function_calls(graph: tf.Graph, writes: Dict[str, List[str]]) -> Dict[str, str]:
+    kinds = {w: graph.get_operation_by_name(w).type for ops in writes.values() for w in ops}
+    return {write: kind for write, kind in kinds.items() if kind in FUNCTION_CALL_OPS}
+
+
+def _fused_batch_norms(graph: tf.Graph) -> List[str]:
+    return [op.name for op in graph.get_operations()
+            if op.type.startswith("FusedBatchNorm")
+            and not op.type.startswith("FusedBatchNormGrad") and op.get_attr("is_training")]
 
 
 # Reads of a variable's rows: their gradient is the rows' alone (IndexedSlices).
