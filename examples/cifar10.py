@@ -26,10 +26,9 @@ import sys
 import tempfile
 import time
 
+import parallax  # Parallax: first, so that gradients are recorded and TensorFlow starts quietly
 import numpy as np
 import tensorflow as tf
-
-import parallax  # Parallax: first, so that gradients are recorded
 
 RESOURCES = sys.argv[1] if len(sys.argv) > 1 else "cluster_specs/localhost"
 MAX_STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 100

@@ -5,11 +5,10 @@ trained data-parallel by Parallax.
 """
 import sys
 
+import parallax  # first: before TensorFlow loads, so that it starts quietly
 import keras
 import numpy as np
 import tensorflow as tf
-
-import parallax
 
 RESOURCES = sys.argv[1] if len(sys.argv) > 1 else "cluster_specs/localhost"
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 100

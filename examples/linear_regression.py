@@ -4,10 +4,9 @@
 """
 import sys
 
+import parallax  # first: before TensorFlow loads, so that it starts quietly
 import numpy as np
 import tensorflow as tf
-
-import parallax
 
 RESOURCES = sys.argv[1] if len(sys.argv) > 1 else "cluster_specs/localhost"
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 60

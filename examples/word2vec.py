@@ -16,10 +16,9 @@ import os
 import sys
 import tempfile
 
+import parallax  # Parallax: first, before TensorFlow loads (it starts quietly)
 import numpy as np
 import tensorflow as tf
-
-import parallax  # Parallax: imported before the graph is built
 
 ARGS = [a for a in sys.argv[1:] if a != "--async"]
 RESOURCES = ARGS[0] if len(ARGS) > 0 else "cluster_specs/localhost"

@@ -5,9 +5,13 @@
     runner = parallax.get_runner(graph, "localhost:0,1")
     runner.run(train_op)
 """
-from parallax import capture
+from parallax import tf_logs
 
-capture.install()  # the one thing importing does: gradients built from here on are recorded
+tf_logs.quiet_start()  # before TensorFlow loads: its start-up lines are dropped (PARALLAX_TF_LOGS)
+
+from parallax import capture  # noqa: E402
+
+capture.install()  # gradients built from here on are recorded
 
 from parallax.api import (MonitoredTrainingSession, get_runner,  # noqa: E402
                           num_shards_and_shard_id, num_workers, shard)  # (after the capture hook)

@@ -286,10 +286,8 @@ def _address_towards(host: Host) -> str:
 
 
 def _job_env(cluster: Cluster, role_name: str) -> Dict[str, str]:
-    env = {**contracts.process_env(role_name, cluster), "PYTHONUNBUFFERED": "1"}
-    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
-        env["TF_CPP_MIN_LOG_LEVEL"] = "1"
-    return env
+    # TensorFlow's log level comes with the driver's environment (parallax/tf_logs.py).
+    return {**contracts.process_env(role_name, cluster), "PYTHONUNBUFFERED": "1"}
 
 
 def _spec(name, host, argv, env, settings, shell, service=False) -> ProcessSpec:

@@ -18,6 +18,7 @@ from conftest import COLLECTIVE_OPS, REPO, WORKLOADS, run_job
 from parallax import Config, launch
 from runner import load_resources
 from runner.ssh import SSHConfig
+from test_tf_logs import START_UP_LINES
 
 pytestmark = pytest.mark.job
 
@@ -61,6 +62,7 @@ def test_workers_run_with_prefixed_output_and_progress_goes_to_the_metrics_file(
     driver, token = _start("ok", PARALLAX_TEST_METRICS=str(metrics))
     code, output = _finish(driver)
     assert code == 0, output
+    assert not START_UP_LINES.search(output), output  # TensorFlow starts quietly (tf_logs.py)
     assert "[localhost:worker:0] worker 0 ready" in output
     assert "[localhost:worker:1] worker 1 done" in output
     # parallax.num_shards_and_shard_id(): tensors of each worker's graph
@@ -114,13 +116,17 @@ def test_signal_to_driver_stops_every_worker(signum):
 
 def test_loopback_addresses_are_separate_machines_and_redirect_path_writes_a_log_each(
         tmp_path):
-    driver, token = _start("ok", "127.0.0.1:0\n127.0.0.2:0", str(tmp_path))
+    """...in which no process, server or worker, logged TensorFlow's start-up (tf_logs.py)."""
+    driver, token = _start("ok", "127.0.0.1:0\n127.0.0.2:0", str(tmp_path), "sparse")
     code, output = _finish(driver)
     assert code == 0, output
     assert "[127.0.0." not in output
     for worker, host in enumerate(("127.0.0.1", "127.0.0.2")):
         log = (tmp_path / f"{host}_worker_{worker}.log").read_text()
         assert f"worker {worker} done" in log and f"worker {worker} is shard {worker} of 2" in log
+    logs = {path.name: path.read_text() for path in tmp_path.glob("*.log")}
+    assert len(logs) == 4 and not [name for name, log in logs.items()
+                                   if START_UP_LINES.search(log)], logs
     _assert_nothing_left(token)
 
 

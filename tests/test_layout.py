@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = [
     ("processes", ["runner"]),
     ("base", ["parallax.errors", "parallax.config", "parallax.cluster", "parallax.contracts",
-              "parallax.tf_private", "parallax.vocabulary", "parallax.graph_copy"]),
+              "parallax.tf_private", "parallax.vocabulary", "parallax.graph_copy",
+              "parallax.tf_logs"]),
     ("collectives", ["parallax.collectives"]),
     ("capture", ["parallax.capture", "parallax.partitioner"]),
     ("planning", ["parallax.planning"]),

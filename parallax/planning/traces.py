@@ -3,44 +3,21 @@ of one worker's step, for the driver's measurement (planning/measure.py) and the
 profiler (runtime/profile.py)."""
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import sys
-import tempfile
 from typing import Dict, List, Set, Tuple
 
 from parallax.planning.analysis import GradientSources
+from parallax.tf_logs import stderr_lines_dropped
 
 # What TensorFlow's C++ profiler logs for each traced run (and, without a GPU, a warning that
 # it collected no GPU trace); its log level is read once, when TensorFlow is loaded.
 _PROFILER_LOG = re.compile(rb"profiler_session\.cc:\d+\] Profiler session |"
                            rb"xplane_to_step_stats\.cc:\d+\] GPU trace was not collected")
 
-@contextlib.contextmanager
 def profiler_log_dropped():
     """Standard error without the profiler's log lines of a run Parallax traces for itself (the
-    driver's probe under AUTO), which a user did not ask for and may read as a problem; every
-    other line written meanwhile is kept, in order, once the run is over."""
-    try:
-        saved = os.dup(2)
-    except OSError:  # a process without standard error (a daemon's): nothing to keep clean
-        yield
-        return
-    flush = sys.stderr.flush if sys.stderr is not None else (lambda: None)
-    flush()
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = b"".join(line for line in captured if not _PROFILER_LOG.search(line))
-            while kept:
-                kept = kept[os.write(2, kept):]
+    driver's probe under AUTO), which a user did not ask for and may read as a problem."""
+    return stderr_lines_dropped(_PROFILER_LOG)
 
 
 def op_spans(step_stats) -> Dict[str, Tuple[int, int]]:

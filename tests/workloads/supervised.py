@@ -13,9 +13,8 @@ import os
 import sys
 import time
 
+import parallax  # first: TensorFlow starts quietly (test_launch)
 import tensorflow as tf
-
-import parallax
 
 mode = sys.argv[1]
 resources = sys.argv[2] if len(sys.argv) > 2 else "localhost:0,1"
