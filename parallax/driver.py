@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 from typing import List, NoReturn, Optional
@@ -23,9 +24,9 @@ from parallax.planning.job_plan import (Decision, Plan, check_plan, effective_ru
                                     make_plan)
 from parallax.planning.planner import decide
 from parallax.planning.problem import Cores
-from parallax.planning.query import report
+from parallax.planning.query import FedSteps, report
 from parallax.rewriting.split_variables import copy_and_split
-from parallax.runtime.query_runner import FedSteps, QueryRunner
+from parallax.runtime.query_runner import QueryRunner
 from runner.settings import Settings
 
 
@@ -60,22 +61,27 @@ def answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
             [query.workers_per_machine] * query.machines,
             cost.Links(query.bandwidth, query.latency), inside,
             Cores(query.cores or os.cpu_count() or 1))
-
-    def answered(measured: Measurements, fed_batch: Optional[int] = None,
-                 fed: Optional[FedSteps] = None) -> NoReturn:
-        batch, unknown = ((query.batch or fed_batch, None) if query.batch or fed_batch
-                          else input_batch(graph))
-        written = f"{query.out}.part"
-        with open(written, "w", encoding="utf-8") as out:
-            json.dump(report(graph, analysis, measured, config.plan_options, query.step, batch,
-                             unknown, links_given=not query.resources,
-                             fed=dataclasses.asdict(fed) if fed else None), out, indent=1)
-        os.replace(written, query.out)
-        raise SystemExit(0)
-
     if measured.fed:
-        return QueryRunner(graph, analysis, measured, answered)
-    answered(measured)
+        return QueryRunner(graph, analysis, measured,
+                           functools.partial(write_answer, graph, analysis, config, query))
+    write_answer(graph, analysis, config, query, measured)
+    raise SystemExit(0)  # the script's work is done: its answer
+
+
+def write_answer(graph: tf.Graph, analysis: GraphAnalysis, config: Config,
+                 query: contracts.PlanQuery, measured: Measurements,
+                 fed_batch: Optional[int] = None, fed: Optional[FedSteps] = None) -> None:
+    """The answer to `query` for what was `measured`, in the file query.out, whole or not at
+    all (the command reads a file that is there as the answer); `fed_batch` and `fed`: what
+    the measured feeds of a fed graph gave."""
+    batch, unknown = ((query.batch or fed_batch, None) if query.batch or fed_batch
+                      else input_batch(graph))
+    answered = report(graph, analysis, measured, config.plan_options, query.step, batch,
+                      unknown, links_given=not query.resources, fed=fed)
+    written = f"{query.out}.part"
+    with open(written, "w", encoding="utf-8") as out:
+        json.dump(contracts.to_wire(answered), out, indent=1)
+    os.replace(written, query.out)
 
 
 def warnings(plan: Plan, analysis: GraphAnalysis) -> List[str]:

@@ -18,10 +18,12 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from parallax import contracts, script_command
 from parallax.planning import explanation
+from parallax.planning.cost import PS, Method
+from parallax.planning.query import Answer, FedSteps, PlanShown
 
 NOT_ANSWERED = 2
 _RATE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|b)(?:/?s|ps)?\s*$", re.I)
@@ -42,7 +44,7 @@ def rate(text: str) -> float:
 
 
 def ask(script: str, arguments: Sequence[str], query: contracts.PlanQuery
-        ) -> Tuple[Optional[dict], str]:
+        ) -> Tuple[Optional[Answer], str]:
     """The script's answer to `query` (query.out is replaced by a file of its own), or None
     and why there is none."""
     with tempfile.TemporaryDirectory(prefix="parallax-plan-") as folder:
@@ -54,106 +56,120 @@ def ask(script: str, arguments: Sequence[str], query: contracts.PlanQuery
             return None, (f"the script failed (exit status {code})" if code else
                           "the script ended without calling parallax.get_runner")
         with open(out, encoding="utf-8") as answer:
-            return json.load(answer), ""
+            return contracts.from_wire(Answer, json.load(answer)), ""
 
 
-def text(answer: dict, script: str) -> str:
+def text(answer: Answer, script: str) -> str:
     """The answer as tables: the cluster and measured terms, every variable's method in each
     plan, and each plan's bytes, step, throughput and bound."""
-    cluster, terms, plans = answer["cluster"], answer["terms"], answer["plans"]
-    link = cluster["link"]
-    lines = [f"{script} on {cluster['machines']} machines x {cluster['workers_per_machine']} "
-             f"workers, links {explanation.rate(link['bandwidth'])} and "
-             f"{link['latency'] * 1e6:.3g} us a "
-             f"message ({'measured' if cluster['link_measured'] else 'given'}), "
-             f"{cluster['cores']['per_machine']} cores a machine"]
-    if "unmeasured" in terms:
-        lines.append(f"not measured ({terms['unmeasured']}): each run option's rule, "
+    return "\n".join([*_measured_lines(answer, script), "", *_methods_table(answer), "",
+                      *_plans_table(answer), "", *_auto_lines(answer.plans["AUTO"])])
+
+
+def _measured_lines(answer: Answer, script: str) -> List[str]:
+    """The cluster, and the terms every plan's prediction rests on."""
+    cluster, terms = answer.cluster, answer.terms
+    lines = [f"{script} on {cluster.machines} machines x {cluster.workers_per_machine} "
+             f"workers, links {explanation.rate(cluster.link.bandwidth)} and "
+             f"{cluster.link.latency * 1e6:.3g} us a "
+             f"message ({'measured' if cluster.link_measured else 'given'}), "
+             f"{cluster.cores.per_machine} cores a machine"]
+    if terms.unmeasured is not None:
+        lines.append(f"not measured ({terms.unmeasured}): each run option's rule, "
                      "no prediction")
-    elif "step_alone_ms" in terms:
-        lines.append(f"compute ({terms['compute']}): one worker's step alone "
-                     f"{terms['step_alone_ms']:.3g} ms, {terms['step_cpu_ms']:.3g} ms of CPU; "
-                     f"{terms['workers_sharing_cores']} workers a machine: "
-                     f"{terms['worker_compute_ms']:.3g} ms")
+    elif terms.step_alone_ms is not None:
+        lines.append(f"compute ({terms.compute}): one worker's step alone "
+                     f"{terms.step_alone_ms:.3g} ms, {terms.step_cpu_ms:.3g} ms of CPU; "
+                     f"{terms.workers_sharing_cores} workers a machine: "
+                     f"{terms.worker_compute_ms:.3g} ms")
     else:
-        lines.append(f"compute {terms['compute']}: communication only")
-    probed = terms.get("transport")
+        lines.append(f"compute {terms.compute}: communication only")
+    probed = terms.transport
     if probed:
         lines.append(
             "TensorFlow's transport, probed on "
-            f"{'those machines' if cluster['link_measured'] else 'this machine'}: "
-            f"a message {probed['message_seconds'] * 1e3:.2g} ms, of CPU "
-            f"{probed['worker_cpu_message'] * 1e3:.2g} ms in a worker and "
-            f"{probed['server_cpu_message'] * 1e3:.2g} ms in a server; a MB "
-            f"{probed['worker_cpu_byte'] * 1e9:.2g} and {probed['server_cpu_byte'] * 1e9:.2g} ms; "
-            f"a pushed row {probed['server_cpu_row'] * 1e6:.2g} us")
-    ring = terms.get("collectives")
+            f"{'those machines' if cluster.link_measured else 'this machine'}: "
+            f"a message {probed.message_seconds * 1e3:.2g} ms, of CPU "
+            f"{probed.worker_cpu_message * 1e3:.2g} ms in a worker and "
+            f"{probed.server_cpu_message * 1e3:.2g} ms in a server; a MB "
+            f"{probed.worker_cpu_byte * 1e9:.2g} and {probed.server_cpu_byte * 1e9:.2g} ms; "
+            f"a pushed row {probed.server_cpu_row * 1e6:.2g} us")
+    ring = terms.collectives
     if ring:
         lines.append(
-            f"{explanation.library_name(ring['library'])} collectives, probed on "
-            f"{'the first machine' if cluster['link_measured'] else 'this machine'}: a ring's "
-            f"message {ring['message_seconds'] * 1e3:.2g} ms, of CPU "
-            f"{ring['cpu_message'] * 1e3:.2g} ms; a MB {ring['cpu_byte'] * 1e9:.2g} ms; "
-            f"an allgather {ring['cpu_allgather'] * 1e3:.2g} ms")
-    fed = answer.get("fed")
-    if fed:
-        lines.append(_fed_steps(fed))
-    batch = answer["batch"]
-    lines.append(f"batch: {batch['per_worker']} examples a worker, {batch['combined']} combined"
-                 if "per_worker" in batch else f"batch unknown ({batch['unknown']}; --batch)")
-    names = list(plans)
+            f"{explanation.library_name(ring.library)} collectives, probed on "
+            f"{'the first machine' if cluster.link_measured else 'this machine'}: a ring's "
+            f"message {ring.message_seconds * 1e3:.2g} ms, of CPU "
+            f"{ring.cpu_message * 1e3:.2g} ms; a MB {ring.cpu_byte * 1e9:.2g} ms; "
+            f"an allgather {ring.cpu_allgather * 1e3:.2g} ms")
+    if answer.fed:
+        lines.append(_fed_steps(answer.fed))
+    batch = answer.batch
+    lines.append(f"batch: {batch.per_worker} examples a worker, {batch.combined} combined"
+                 if batch.per_worker is not None else
+                 f"batch unknown ({batch.unknown}; --batch)")
+    return lines
+
+
+def _methods_table(answer: Answer) -> List[str]:
+    """Every variable, and its method in each plan."""
+    names = list(answer.plans)
     rows = [["variable", "kind", "bytes", "rows", "alpha", *names]]
-    for var in answer["variables"]:
-        alpha = var.get("alpha")
-        rows.append([var["name"], var["kind"], str(var["bytes"]),
-                     str(var.get("rows_per_worker", "-")),
-                     "-" if alpha is None else f"{alpha:.3g}",
-                     *(_method(plans[name]["methods"], var["name"]) for name in names)])
-    lines += ["", *_table(rows), ""]
+    for var in answer.variables:
+        rows.append([var.name, var.kind, str(var.bytes),
+                     "-" if var.rows_per_worker is None else str(var.rows_per_worker),
+                     "-" if var.alpha is None else f"{var.alpha:.3g}",
+                     *(_method(answer.plans[name].methods, var.name) for name in names)])
+    return _table(rows)
+
+
+def _plans_table(answer: Answer) -> List[str]:
+    """Each plan's busiest link, step, throughput and bound."""
     rows = [["plan", "busiest link sent", "received", "step", "examples/s", "bound by"]]
-    for name, plan in plans.items():
-        busiest = plan.get("busiest_link_bytes")
-        rows.append([name, *([_bytes(busiest["sent"]), _bytes(busiest["received"])]
+    for name, plan in answer.plans.items():
+        busiest = plan.busiest_link_bytes
+        rows.append([name, *([_bytes(busiest.sent), _bytes(busiest.received)]
                              if busiest else ["-", "-"]),
-                     f"{plan['step_ms']:.3g} ms" if "step_ms" in plan else "-",
-                     f"{plan['examples_per_second']:,.0f}" if "examples_per_second" in plan
-                     else "-", plan.get("bound_by", "-")])
-    lines += _table(rows)
-    auto = plans["AUTO"]
-    lines += ["", f"AUTO: {auto['note']}"]
-    if auto.get("rules"):
+                     "-" if plan.step_ms is None else f"{plan.step_ms:.3g} ms",
+                     "-" if plan.examples_per_second is None
+                     else f"{plan.examples_per_second:,.0f}", plan.bound_by or "-"])
+    return _table(rows)
+
+
+def _auto_lines(auto: PlanShown) -> List[str]:
+    lines = [f"AUTO: {auto.note}"]
+    if auto.rules:
         lines.append("the rules' plans AUTO weighs against the cost model's choice (timed on "
                      "the cluster unless predicted slower by more than the model errs): "
                      + ", ".join(
-                         f"{name} {rule['step_ms']:.3g} ms ({rule['margin']:+.0%}"
-                         f"{'' if rule['timed'] else ', not timed'})"
-                         for name, rule in auto["rules"].items()))
-    return "\n".join(lines)
+                         f"{name} {rule.step_ms:.3g} ms ({rule.margin:+.0%}"
+                         f"{'' if rule.timed else ', not timed'})"
+                         for name, rule in auto.rules.items()))
+    return lines
 
 
-def _fed_steps(fed: dict) -> str:
+def _fed_steps(fed: FedSteps) -> str:
     """Which of a feeding script's runs were measured as the workers' batches."""
-    steps, workers = fed["training_steps"], fed["workers"]
+    steps, workers = fed.training_steps, fed.workers
     said = (f"input fed by the script: its first {steps} training steps' feeds, one a worker; "
             "the script ends at the last" if steps == workers else
             f"input fed by the script: its {steps} training steps' feeds, reused in turn for "
             f"{workers} workers")
-    if fed["other_runs"]:
-        said += (f"; {fed['other_runs']} runs between them fetched no training op "
+    if fed.other_runs:
+        said += (f"; {fed.other_runs} runs between them fetched no training op "
                  "(an evaluation's) and are not counted")
     return said
 
 
-def _method(methods: dict, name: str) -> str:
+def _method(methods: Dict[str, Method], name: str) -> str:
     """A variable's method in a plan: its servers, or its shards' (split or partitioned)."""
     chosen = [m for shard, m in methods.items() if shard.startswith(f"{name}/part_")]
     if not chosen and name not in methods:
         return "-"
     chosen = chosen or [methods[name]]
-    how = chosen[0]["how"]
-    servers = [s for m in chosen for s in m["servers"]]
-    if how != "parameter server":
-        return how
+    servers = [s for m in chosen for s in m.servers]
+    if chosen[0].how != PS:
+        return chosen[0].how.value
     if len(servers) == 1:
         return f"server {servers[0]}"
     return f"{len(servers)} shards on " + ",".join(map(str, servers))
@@ -220,7 +236,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if answer is None:
         print(f"parallax plan: not answered: {why}", file=sys.stderr)
         return NOT_ANSWERED
-    print(json.dumps(answer, indent=1) if options.json else text(answer, script))
+    print(json.dumps(contracts.to_wire(answer), indent=1) if options.json
+          else text(answer, script))
     return 0
 
 

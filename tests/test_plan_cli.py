@@ -18,7 +18,7 @@ from parallax.config import Config, PlanOptions
 from parallax.planning import cost, proposal
 from parallax.planning.analysis import analyze
 from parallax.planning.measure import input_batch, measure
-from parallax.planning.query import report
+from parallax.planning.query import Answer, Batch, FedSteps, report
 
 
 def _plan(*argv):
@@ -31,19 +31,26 @@ def _check_plans(answer, workers, batch):
     """What holds of every answer: each plan's terms sum to its step, the largest bounds it,
     the throughput is the combined batch over the step, and AUTO gives its margin over each
     rule's plan it would time on the cluster."""
-    plans = answer["plans"]
+    plans = answer.plans
     assert list(plans) == ["AR", "PS", "HYBRID", "AUTO"]
-    assert answer["batch"] == {"per_worker": batch, "combined": batch * workers}
+    assert answer.batch == Batch(per_worker=batch, combined=batch * workers)
     for plan in plans.values():
-        assert math.isclose(sum(plan["terms_ms"].values()), plan["step_ms"], rel_tol=1e-9)
-        assert plan["bound_by"] == max(plan["terms_ms"], key=plan["terms_ms"].get)
-        assert math.isclose(plan["examples_per_second"], batch * workers / plan["step_ms"] * 1e3)
-        assert plan["busiest_link_bytes"]["sent"] > 0
+        assert math.isclose(sum(plan.terms_ms.values()), plan.step_ms, rel_tol=1e-9)
+        assert plan.bound_by == max(plan.terms_ms, key=plan.terms_ms.get)
+        assert math.isclose(plan.examples_per_second, batch * workers / plan.step_ms * 1e3)
+        assert plan.busiest_link_bytes.sent > 0
     auto = plans["AUTO"]
-    timed = [rule["step_ms"] for rule in auto.get("rules", {}).values() if rule["timed"]]
+    timed = [rule.step_ms for rule in (auto.rules or {}).values() if rule.timed]
     # AUTO keeps the fastest of the plans it times: the prediction is the fastest predicted
-    assert auto["step_ms"] <= min(timed, default=auto["step_ms"])
-    assert auto["step_ms"] <= plans["AR"]["step_ms"]
+    assert auto.step_ms <= min(timed, default=auto.step_ms)
+    assert auto.step_ms <= plans["AR"].step_ms
+
+
+def _answer(printed: str) -> Answer:
+    """The answer --json printed, typed; printed again as the command prints it."""
+    answer = contracts.from_wire(Answer, json.loads(printed))
+    assert json.dumps(contracts.to_wire(answer), indent=1) == printed.rstrip("\n")
+    return answer
 
 
 @pytest.mark.job
@@ -52,27 +59,25 @@ def test_the_cli_answers_for_a_fed_script_and_a_tf_data_one_and_says_why_it_cann
     code, out, err = _plan("examples/word2vec.py", "--machines", "8", "--workers-per-machine",
                            "4", "--link", "10gbit", "--cores", "4", "--json")
     assert code == 0, err[-3000:]
-    answer = json.loads(out)
-    assert answer["cluster"]["machines"] == 8 and answer["cluster"]["workers_per_machine"] == 4
-    assert answer["cluster"]["link"]["bandwidth"] == 1.25e9
-    assert answer["terms"]["compute"] == "measured on this machine"
-    assert answer["fed"] == {"training_steps": 32, "other_runs": 0, "workers": 32}
+    answer = _answer(out)
+    assert answer.cluster.machines == 8 and answer.cluster.workers_per_machine == 4
+    assert answer.cluster.link.bandwidth == 1.25e9
+    assert answer.terms.compute == "measured on this machine"
+    assert answer.fed == FedSteps(training_steps=32, other_runs=0, workers=32)
     _check_plans(answer, 32, 64)
-    tables = {v["name"]: v for v in answer["variables"]}
-    assert {v["kind"] for v in tables.values()} == {"sparse"}
-    assert all(0 < v["alpha"] <= 1 and v["rows_per_worker"] >= 64 for v in tables.values())
-    plans = answer["plans"]
-    assert {m["how"] for m in plans["AR"]["methods"].values()} == {"allgather"}
+    tables = {v.name: v for v in answer.variables}
+    assert {v.kind for v in tables.values()} == {"sparse"}
+    assert all(0 < v.alpha <= 1 and v.rows_per_worker >= 64 for v in tables.values())
+    plans = answer.plans
+    assert {m.how for m in plans["AR"].methods.values()} == {cost.ALLGATHER}
     for rule in ("PS", "HYBRID"):  # the rule as a job runs it: one server each, by bytes
-        assert set(plans[rule]["methods"]) == set(tables)
-        assert all(len(m["servers"]) == 1 for m in plans[rule]["methods"].values())
+        assert set(plans[rule].methods) == set(tables)
+        assert all(len(m.servers) == 1 for m in plans[rule].methods.values())
     # a rule's plan is timed unless predicted slower by more than the model errs
-    for rule in plans["AUTO"].get("rules", {}).values():
-        assert rule["timed"] is (rule["margin"] <= proposal.TRUSTED_MARGIN)
-    assert "transport probed: a message" in plans["AUTO"]["note"]
-    assert set(answer["terms"]["transport"]) == {
-        "message_seconds", "worker_cpu_message", "server_cpu_message", "worker_cpu_byte",
-        "server_cpu_byte", "server_cpu_row"}
+    for rule in (plans["AUTO"].rules or {}).values():
+        assert rule.timed is (rule.margin <= proposal.TRUSTED_MARGIN)
+    assert "transport probed: a message" in plans["AUTO"].note
+    assert answer.terms.transport is not None
 
     # classifier reads tf.data; its step given as a GPU's: compute is 5 ms, the cores unshared.
     code, out, err = _plan("examples/classifier.py", "--machines", "2",
@@ -116,15 +121,16 @@ def test_a_fed_script_is_measured_on_its_training_steps_not_its_evaluation_runs(
         trained.append(click_through.fit(runner.run, graph, steps))
         runner.close()
     assert ended.value.code == 0 and trained == ([] if steps > 4 else [steps])
-    answer = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    # one evaluation (3 passes) after the second step; the fourth step ends a long loop
+    assert written["fed"] == {"training_steps": min(steps, 4), "other_runs": 3, "workers": 4}
+    answer = contracts.from_wire(Answer, written)
     touched = click_through.BATCH * click_through.FIELDS
     for table in ("feature_embeddings", "feature_bias"):
-        shown = next(v for v in answer["variables"] if v["name"] == table)
-        assert shown["rows_per_worker"] == touched, shown
-    assert answer["batch"] == {"per_worker": click_through.BATCH,
-                               "combined": 4 * click_through.BATCH}
-    # one evaluation (3 passes) after the second step; the fourth step ends a long loop
-    assert answer["fed"] == {"training_steps": min(steps, 4), "other_runs": 3, "workers": 4}
+        shown = next(v for v in answer.variables if v.name == table)
+        assert shown.rows_per_worker == touched, shown
+    assert answer.batch == Batch(per_worker=click_through.BATCH,
+                                 combined=4 * click_through.BATCH)
     said = cli.text(answer, "click_through.py")
     assert ("its first 4 training steps' feeds, one a worker" if steps > 4 else
             "its 3 training steps' feeds, reused in turn for 4 workers") in said
@@ -148,12 +154,16 @@ def test_the_report_of_a_tf_data_graph_prices_every_run_option_by_its_rule_or_se
     answer = report(graph, analysis, measured, PlanOptions(), None, batch, None,
                     links_given=True)
     _check_plans(answer, 8, 64)
-    plans = answer["plans"]
-    assert plans["AR"]["methods"]["table"]["how"] == "allgather"
-    assert plans["HYBRID"]["methods"]["table"]["how"] == "parameter server"
-    assert plans["PS"]["methods"]["dense"]["how"] == "parameter server"
-    assert "links assumed: 1 Gbit/s" in plans["AUTO"]["note"]
-    assert answer["cluster"]["link_measured"] is False
+    plans = answer.plans
+    assert plans["AR"].methods["table"].how == cost.ALLGATHER
+    assert plans["HYBRID"].methods["table"] == cost.Method(cost.PS, (0,))
+    assert plans["PS"].methods["dense"].how == cost.PS
+    assert "links assumed: 1 Gbit/s" in plans["AUTO"].note
+    assert answer.cluster.link_measured is False
+    written = contracts.to_wire(answer)  # what --json prints
+    assert written["plans"]["HYBRID"]["methods"]["table"] == {"how": "parameter server",
+                                                              "servers": [0]}
+    assert contracts.from_wire(Answer, written) == answer
 
 
 def test_the_cli_refuses_what_it_cannot_ask(capsys):

@@ -8,7 +8,6 @@ ends."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Callable, List, NoReturn, Optional
 
 import numpy as np
@@ -17,15 +16,8 @@ import tensorflow as tf
 
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements, measure_in, probe_session
+from parallax.planning.query import FedSteps
 from parallax.vocabulary import downstream_ops
-
-
-@dataclasses.dataclass(frozen=True)
-class FedSteps:
-    """Whose feeds were measured: the script's first `training_steps` (reused in turn where
-    fewer than the cluster's workers), and how many of its runs before them were not steps."""
-    training_steps: int
-    other_runs: int
 
 
 class QueryRunner:
@@ -35,7 +27,7 @@ class QueryRunner:
     worker_id = 0
 
     def __init__(self, graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
-                 answer: Callable[[Measurements, Optional[int], FedSteps], NoReturn]):
+                 answer: Callable[[Measurements, Optional[int], FedSteps], None]):
         self._analysis, self._measured, self._answer = analysis, measured, answer
         writes = [graph.get_operation_by_name(name) for name in analysis.training_writes]
         self._training = {*writes, *downstream_ops(writes)}  # what fetched makes a step
@@ -83,4 +75,5 @@ class QueryRunner:
         self._closing.close()
         first = next(iter(self._feeds[0].values()))  # the batch: a fed tensor's first dimension
         self._answer(measured, len(first) if np.ndim(first) else None,
-                     FedSteps(len(self._feeds), self._other_runs))
+                     FedSteps(len(self._feeds), self._other_runs, self.num_workers))
+        raise SystemExit(0)  # the script's work is done: its answer
