@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from typing import Optional, Sequence, Set
 
 from parallax.errors import ConfigError
@@ -218,8 +219,9 @@ def _options_of(*parts):
     def build(cls):
         cls.__annotations__ = {}
         for part in parts:
+            types = typing.get_type_hints(part)  # evaluated where the part's names are known
             for field in dataclasses.fields(part):
-                cls.__annotations__[field.name] = field.type
+                cls.__annotations__[field.name] = types[field.name]
                 setattr(cls, field.name, dataclasses.field(
                     default=field.default, default_factory=field.default_factory))
         cls.__doc__ = "\n\n".join([inspect.cleandoc(cls.__doc__)] + [
