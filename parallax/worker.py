@@ -86,7 +86,7 @@ def _worker_plans(user_graph: tf.Graph, analysis: GraphAnalysis, options: PlanOp
     decision = Plan.from_text(texts[0]).decision
     if decision is not None:
         check_counts(user_graph, decision.partitions)
-    splits = decision.splits if decision is not None else []
+    splits = decision.splits if decision is not None else {}
     cluster = process.cluster
     run_index = next(process.run_indices)
     if run_index:
