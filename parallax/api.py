@@ -47,8 +47,7 @@ def shard(dataset):
         if num_workers == 1:
             return dataset
         dataset = dataset.shard(num_workers, worker_id)
-        verify_run = contracts.read_verify_run()
-        if contracts.role() == "driver" and verify_run and verify_run.phase == contracts.ONE_DEVICE:
+        if _one_device_run(contracts.read_verify_run()):
             combined_batch.combine_fixed_batches(dataset, num_workers)
         return dataset
     if isinstance(dataset, (list, tuple)) and all(isinstance(f, (str, bytes)) for f in dataset):
@@ -99,12 +98,18 @@ def get_runner(graph: tf.Graph, resources: Optional[str] = None,
     resources = _default_resources(resources)
     verify_run = contracts.read_verify_run()
     resources, config = _verifying(resources, config, verify_run)
+    if _one_device_run(verify_run):
+        return recording.ReplayRunner(graph, analysis, verify_run)
     if contracts.role() == "driver":
-        if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
-            return recording.ReplayRunner(graph, analysis, verify_run)
         driver.run(graph, analysis, resources, config)
     return worker.start(_process(), graph, analysis, config.plan_options,
                         config.runtime_options)
+
+
+def _one_device_run(run: Optional[contracts.VerifyRun]) -> bool:
+    """Whether this process is parallax.verify's one-device run of the script."""
+    return (run is not None and run.phase == contracts.ONE_DEVICE
+            and contracts.role() == "driver")
 
 
 def _default_resources(resources: Optional[str]) -> str:
@@ -154,10 +159,10 @@ def MonitoredTrainingSession(  # noqa: N802  pylint: disable=invalid-name  (Tens
     if verify_run is not None:  # the user's checkpoints and summaries stay as they were
         arguments.update(save_checkpoint_steps=None, save_checkpoint_secs=None,
                          save_summaries_steps=None, save_summaries_secs=None)
+    if _one_device_run(verify_run):
+        return monitored.monitored_session(
+            recording.ReplayRunner(graph, analysis, verify_run), **arguments)
     if contracts.role() == "driver":
-        if verify_run is not None and verify_run.phase == contracts.ONE_DEVICE:
-            return monitored.monitored_session(
-                recording.ReplayRunner(graph, analysis, verify_run), **arguments)
         driver.run(graph, analysis, resources, config)
     process = _process()
     runner = worker.start(process, graph, analysis, config.plan_options, config.runtime_options,

@@ -163,8 +163,10 @@ def _rows_merged_from_examples(tensor: tf.Tensor, rows_per_example: int) -> bool
             sizes = op.inputs[0].shape.as_list() if op.inputs[0].shape.rank else []
             products = np.cumprod([size or 0 for size in sizes[1:]])
             return rows_per_example in products.tolist()
-        same_rows = [t for t in op.inputs if op.type in _ROW_WISE_OP_TYPES
-                     and t.shape.rank == tensor.shape.rank and t.shape[:1] == tensor.shape[:1]]
+        if op.type not in _ROW_WISE_OP_TYPES:
+            return False
+        same_rows = [t for t in op.inputs
+                     if t.shape.rank == tensor.shape.rank and t.shape[:1] == tensor.shape[:1]]
         if not same_rows:
             return False
         tensor = same_rows[0]
@@ -291,12 +293,13 @@ class ReplayRunner(tf_private.SessionInterface):
         combined = {}
         data = [name for name in steps[0]
                 if self.graph.get_tensor_by_name(name).op.type not in DRAW_OP_TYPES]
-        examples = sum(len(step[data[0]]) for step in steps) if data else 0
+        batches = [len(step[data[0]]) for step in steps] if data else []
+        examples = sum(batches)
         for name in steps[0]:
             parts = [step[name] for step in steps]
             tensor = self.graph.get_tensor_by_name(name)
             if name not in data and data:
-                self._check_per_example(tensor, parts, [len(step[data[0]]) for step in steps])
+                self._check_per_example(tensor, parts, batches)
             joined = self._joined(tensor, parts, drawn=name not in data)
             if self.run_settings.reordered and examples:
                 # rows in blocks of each example's (checked above): the examples reversed

@@ -137,13 +137,12 @@ class ParallaxRunner(tf_private.SessionInterface):
         in the driver's progress bar and metrics file, averaged over workers, e.g.
         {"loss": loss}; they are computed in the same run."""
         self.last_run = (False, 0.0)
-        saved = (fed_path(feed_dict) if _is_checkpoint_save(self._element_or_none(fetches))
-                 else None)
-        if saved is not None:  # a Saver's save through the runner
-            if self._checkpoints.checkpointer is not None:
-                self._checkpoints.checkpointer.save_input(self.session, saved)  # every worker
-            if not self.is_chief:  # the chief writes the checkpoint; the others the same files
-                return list(feed_dict.values())[0]
+        saving = _is_checkpoint_save(self._element_or_none(fetches))  # a Saver's, through us
+        saved = fed_path(feed_dict) if saving else None
+        if saved is not None and self._checkpoints.checkpointer is not None:
+            self._checkpoints.checkpointer.save_input(self.session, saved)  # every worker
+        if saving and not self.is_chief:  # the chief writes the checkpoint; the others would
+            return list(feed_dict.values())[0] if feed_dict else None  # write the same files
         step, build = self._step(fetches, feed_dict, options, run_metadata, report, saved)
         for stage in self._stages:
             stage.before_run(step)

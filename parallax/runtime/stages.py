@@ -16,6 +16,7 @@ those after it, as nested contexts do).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import signal
 import sys
@@ -57,6 +58,16 @@ class Step:
     seconds: float = 0.0
     scalars: Dict[str, float] = dataclasses.field(default_factory=dict)
     named_inputs: Dict[str, object] = dataclasses.field(default_factory=dict)  # name_of's
+    # What the step's input ops give (StepInputs.of), found once for the stages that read it
+    found_inputs: Optional[List[tf.Tensor]] = None
+
+    @functools.cached_property
+    def ops(self) -> List[tf.Operation]:
+        return [getattr(fetch, "op", fetch) for fetch in self.fetches]
+
+    @functools.cached_property
+    def fed(self) -> Set[tf.Tensor]:
+        return set(self.feeds or {})
 
     def add_inputs(self, tensors: List[tf.Tensor]) -> None:
         self.inputs += [t for t in tensors if t not in self.inputs]
@@ -83,8 +94,9 @@ class StepInputs:
                            if op.type in INPUT_OP_TYPES}
 
     def of(self, step: Step) -> List[tf.Tensor]:
-        ops = [getattr(f, "op", f) for f in step.fetches]
-        return input_check.step_inputs(ops, set(step.feeds or {}), self._input_ops)
+        if step.found_inputs is None:
+            step.found_inputs = input_check.step_inputs(step.ops, step.fed, self._input_ops)
+        return step.found_inputs
 
 
 class InputDigests(Stage):
@@ -98,8 +110,7 @@ class InputDigests(Stage):
         if self._heartbeat.digests_reported:
             return
         found = self._step_inputs.of(step)
-        ops, fed = [getattr(f, "op", f) for f in step.fetches], set(step.feeds or {})
-        step.taken = set(input_check.taken_rows(ops, fed, found))
+        step.taken = set(input_check.taken_rows(step.ops, step.fed, found))
         step.add_inputs(found + sorted(step.taken, key=lambda t: t.name))
 
     def after_run(self, step: Step) -> None:
@@ -119,9 +130,7 @@ class Recording(Stage):
     def before_run(self, step: Step) -> None:
         if not self._recorder.active:
             return
-        ops = [getattr(f, "op", f) for f in step.fetches]
-        draws = recording.step_draws(ops, set(step.feeds or {}))
-        step.add_inputs(self._step_inputs.of(step) + draws)
+        step.add_inputs(self._step_inputs.of(step) + recording.step_draws(step.ops, step.fed))
         if self._recorder.needs_initial and step.will_train():
             self._recorder.write_initial(self._read_variables())
 
