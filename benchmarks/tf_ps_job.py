@@ -46,6 +46,11 @@ def main():
         report_ready, report_done = ready.assign_add(1), done.assign_add(1)
     config = session_config()
     config.device_filters.extend(["/job:ps", f"/job:worker/task:{args.task}"])
+    if not is_chief:
+        # A worker other than the chief that finds the variables uninitialized sleeps 30 s
+        # before it looks again (SessionManager's recovery_wait_secs, which
+        # MonitoredTrainingSession does not take): it waits here for the chief instead.
+        _wait_for_the_chiefs_initialization(server.target, config)
     with tf.compat.v1.train.MonitoredTrainingSession(
             master=server.target, is_chief=is_chief, config=config,
             hooks=[optimizer.make_session_run_hook(is_chief)]) as session:
@@ -71,6 +76,16 @@ def main():
         # Closing the session would wait for the chief's queue runner, blocked on gradients
         # that no longer come; the records are written.
         os._exit(0)  # pylint: disable=protected-access
+
+
+def _wait_for_the_chiefs_initialization(target, config, poll_seconds=0.1):
+    """Until the global variables (on the ps tasks) are initialized: what the worker's
+    MonitoredTrainingSession waits for before it starts."""
+    uninitialized = tf.compat.v1.report_uninitialized_variables(
+        tf.compat.v1.global_variables())
+    with tf.compat.v1.Session(target, config=config) as session:
+        while session.run(uninitialized).size:
+            time.sleep(poll_seconds)
 
 
 if __name__ == "__main__":
