@@ -16,9 +16,10 @@ capture.install()  # gradients built from here on are recorded
 from parallax.api import (MonitoredTrainingSession, get_runner,  # noqa: E402
                           num_shards_and_shard_id, num_workers, shard)  # (after the capture hook)
 from parallax.config import CheckpointConfig, Config, ProfileConfig, PSConfig  # noqa: E402
+from parallax.embeddings import DynamicEmbedding, dynamic_embedding  # noqa: E402
 from parallax.errors import ConfigError, ParallaxError  # noqa: E402
 from parallax.partitioner import get_partitioner  # noqa: E402
 
 __all__ = ["get_runner", "MonitoredTrainingSession", "shard", "num_workers",
            "num_shards_and_shard_id", "get_partitioner", "Config", "PSConfig", "CheckpointConfig",
-           "ProfileConfig", "ParallaxError", "ConfigError"]
+           "ProfileConfig", "ParallaxError", "ConfigError", "dynamic_embedding", "DynamicEmbedding"]

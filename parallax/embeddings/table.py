@@ -1,0 +1,205 @@
+"""`parallax.dynamic_embedding`: an embedding table whose row for an id is made the first time
+the id is looked up in training, trained by any tf.compat.v1 optimizer (docs/dynamic_embeddings.md).
+
+What one device computes, which a distributed job equals:
+
+- The table is a trainable variable `<name>/embedding` of `capacity` rows, and a hash table
+  `<name>/keys` mapping each id seen to its row. A lookup finds its ids' rows; an id not yet in
+  the table is given the next free row, which is set to the id's first value
+  (initial_rows.py: drawn from the id and the table's name, not from the order ids came in).
+- The lookup is a gather of the variable's rows, so its gradient is sparse (IndexedSlices) and
+  any optimizer applies it as to a static table's rows, its slots kept per row: per id.
+  A row no id has reached stays zero, with zero slots, and no optimizer moves it.
+- Rows, slots and the keys are variables and a saveable table: a Saver saves them.
+
+Under Parallax the variable is split over the parameter servers by a hash of the id and each
+server keeps the keys of its part (rewriting/passes/dynamic_tables.py); values never depend on
+which row an id was given, so the two forms compute the same values.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import List, Optional, Union
+
+import tensorflow as tf
+
+from parallax.embeddings.initial_rows import RowInitializer, from_user
+from parallax.errors import ParallaxError
+
+TABLES_COLLECTION = "parallax_dynamic_embeddings"  # TableRecord JSON, one per table
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+@dataclasses.dataclass
+class TableRecord:
+    """What a graph keeps of a table, for the driver and the rewrites (by op and tensor name)."""
+    name: str
+    dim: int
+    capacity: int
+    key_dtype: str
+    dtype: str
+    variable: str  # the rows' variable's op
+    keys: str  # the hash table's op
+    initializer: RowInitializer
+    # Each lookup's distinct ids and their rows (tensor names), which the rewrite gives out
+    # on the servers instead.
+    lookups: List[List[str]] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text) -> "TableRecord":
+        fields = json.loads(text)
+        fields["initializer"] = RowInitializer(**fields["initializer"])
+        return cls(**fields)
+
+
+def read_tables(graph: tf.Graph) -> List[TableRecord]:
+    return [TableRecord.from_json(text) for text in graph.get_collection(TABLES_COLLECTION)]
+
+
+def _write_tables(graph: tf.Graph, records: List[TableRecord]) -> None:
+    graph.get_collection_ref(TABLES_COLLECTION)[:] = [record.to_json() for record in records]
+
+
+class DynamicEmbedding:
+    """A table made by `parallax.dynamic_embedding`; `lookup` its ids."""
+
+    def __init__(self, name: str, dim: int, capacity: int, key_dtype: tf.DType,
+                 initializer, dtype: tf.DType):
+        graph = tf.compat.v1.get_default_graph()
+        if any(record.name == name for record in read_tables(graph)):
+            raise ParallaxError(f"dynamic embedding '{name}': the graph has a table of that "
+                                "name already; give each table its own name")
+        if key_dtype not in (tf.int64, tf.string):
+            raise ParallaxError(f"dynamic embedding '{name}': keys of {key_dtype.name}; a "
+                                "table's keys are tf.int64 or tf.string")
+        if not (isinstance(dim, int) and dim > 0 and isinstance(capacity, int) and capacity > 0):
+            raise ParallaxError(f"dynamic embedding '{name}': dim ({dim!r}) and capacity "
+                                f"({capacity!r}) must be positive integers")
+        self.name, self.dim, self.capacity, self.key_dtype = name, dim, capacity, key_dtype
+        self._initializer = from_user(initializer, name, dim)
+        with tf.compat.v1.name_scope(name):
+            self.variable = tf.compat.v1.Variable(
+                lambda: tf.zeros([capacity, dim], dtype), name="embedding", use_resource=True)
+            self.keys = tf.lookup.experimental.MutableHashTable(
+                key_dtype, tf.int64, default_value=-1, name="keys")
+            self._lock = tf.CriticalSection(name="give_rows")
+        self._record = TableRecord(
+            name, dim, capacity, key_dtype.name, dtype.name, self.variable.op.name,
+            self.keys.resource_handle.op.name, self._initializer)
+        _write_tables(graph, read_tables(graph) + [self._record])
+
+    def lookup(self, ids: Union[tf.Tensor, tf.SparseTensor], combiner: Optional[str] = None,
+               sp_weights: Optional[tf.SparseTensor] = None, name: Optional[str] = None):
+        """The rows of `ids`: a tensor of ids gives [*ids.shape, dim]; a SparseTensor of ids
+        [batch, n] gives [batch, dim], its rows combined per example by `combiner` ("mean" if
+        not given; "sum", "sqrtn"), weighted by `sp_weights` as
+        tf.nn.embedding_lookup_sparse does. An id not in the table is given its row."""
+        sparse = isinstance(ids, tf.SparseTensor)
+        values = ids.values if sparse else tf.convert_to_tensor(ids)
+        if values.dtype != self.key_dtype:
+            raise ParallaxError(
+                f"dynamic embedding '{self.name}': ids of {values.dtype.name}, the table's "
+                f"keys are {self.key_dtype.name}; cast them (tf.cast, or "
+                "tf.strings.as_string) before the lookup")
+        if combiner is not None and (not sparse or combiner not in COMBINERS):
+            raise ParallaxError(f"dynamic embedding '{self.name}': combiner {combiner!r} is "
+                                f"for a SparseTensor of ids, one of {', '.join(COMBINERS)}")
+        with tf.name_scope(name or f"{self.name}_lookup"):
+            flat = tf.reshape(values, [-1])
+            unique, position = tf.unique(flat, out_idx=tf.int64)
+            given = self._rows_of(unique)
+            rows = tf.gather(given, position, name="rows")
+            self._record.lookups.append([unique.name, given.name])
+            graph = tf.compat.v1.get_default_graph()
+            _write_tables(graph, [self._record if r.name == self.name else r
+                                  for r in read_tables(graph)])
+            if sparse:
+                return self._combined(ids, given, position, sp_weights, combiner or "mean")
+            found = tf.nn.embedding_lookup(self.variable, rows)
+            return tf.reshape(found, tf.concat([tf.shape(values), [self.dim]], 0))
+
+    def _combined(self, ids, given, position, sp_weights, combiner):
+        """Each example's rows combined, as tf.nn.embedding_lookup_sparse does, from a gather of
+        the distinct ids' rows (it reads a variable whole when it has no weights)."""
+        segments = ids.indices[:, 0]
+        count = ids.dense_shape[0]
+        rows = tf.nn.embedding_lookup(self.variable, given)
+        if sp_weights is None:
+            combine = {"sum": tf.sparse.segment_sum, "mean": tf.sparse.segment_mean,
+                       "sqrtn": tf.sparse.segment_sqrt_n}[combiner]
+            return combine(rows, position, segments, num_segments=count)
+        weights = tf.cast(sp_weights.values, rows.dtype)
+        weighted = tf.gather(rows, position) * weights[:, None]
+        total = tf.math.unsorted_segment_sum(weighted, segments, count)
+        if combiner == "sum":
+            return total
+        norm = weights if combiner == "mean" else weights * weights
+        norm = tf.math.unsorted_segment_sum(norm, segments, count)
+        norm = norm if combiner == "mean" else tf.sqrt(norm)
+        return tf.math.divide_no_nan(total, norm[:, None])
+
+    def _rows_of(self, unique: tf.Tensor) -> tf.Tensor:
+        """The rows of distinct ids `unique`, given out to those not in the table."""
+        return give_rows(unique, self.keys, self.variable.handle, self._lock, self._record)
+
+    def size(self) -> tf.Tensor:
+        """The number of ids in the table."""
+        return self.keys.size()
+
+    def export(self):
+        """(keys, rows' values) of every id in the table, in no particular order."""
+        keys, rows = self.keys.export()
+        return keys, tf.gather(self.variable.read_value(), rows)
+
+
+def give_rows(unique: tf.Tensor, keys, rows: tf.Tensor, lock: tf.CriticalSection,
+              record: TableRecord, part: int = 0, parts: int = 1) -> tf.Tensor:
+    """The rows of distinct ids `unique` in part `part` of `parts` of a table: rows
+    `part + parts * i` of its variable, whose handle `rows` holds its row i. The part's ids
+    not in its `keys` are given its next rows (the ith id in it has row i), set to their first
+    values; this is done in the part's critical section `lock`, so that two workers giving
+    rows at once give an id one row."""
+    limit = len(range(part, record.capacity, parts))
+
+    def give():
+        found = keys.lookup(unique)
+        missing = tf.where(found < 0)[:, 0]
+        new_keys = tf.gather(unique, missing)
+        start = keys.size()
+        room = tf.debugging.assert_less_equal(
+            start + tf.size(new_keys, out_type=tf.int64), tf.constant(limit, tf.int64),
+            message=f"dynamic embedding {record.name} is full: its {record.capacity} rows "
+                    "(capacity) are given out; make it larger")
+        with tf.control_dependencies([room]):
+            local = start + tf.range(tf.size(new_keys, out_type=tf.int64), dtype=tf.int64)
+        values = record.initializer.rows(new_keys, record.dim, tf.as_dtype(record.dtype))
+        new_rows = part + parts * local
+        with tf.control_dependencies([local]):  # after the size is read
+            writes = [keys.insert(new_keys, new_rows),
+                      tf.raw_ops.ResourceScatterUpdate(resource=rows, indices=local,
+                                                       updates=values)]
+        found_rows = tf.tensor_scatter_nd_update(found, missing[:, None], new_rows)
+        with tf.control_dependencies(writes):  # on an op of their own: grappler keeps it
+            return tf.identity(found_rows)
+
+    return lock.execute(give)
+
+
+def dynamic_embedding(name: str, dim: int, capacity: int, key_dtype: tf.DType = tf.int64,
+                      initializer=None, dtype: tf.DType = tf.float32) -> DynamicEmbedding:
+    """An embedding table whose rows appear as ids do (docs/dynamic_embeddings.md).
+
+    name: the table's own name (its variable is `<name>/embedding`, its keys `<name>/keys`);
+        two tables of a graph may not share it.
+    dim: the row's length.
+    capacity: the most ids the table holds; memory for that many rows (and the optimizer's
+        slots of as many) is reserved. Under Parallax it is split over the servers.
+    key_dtype: tf.int64 or tf.string.
+    initializer: a new id's row, drawn from the id (see initial_rows.from_user).
+    """
+    return DynamicEmbedding(name, dim, capacity, tf.as_dtype(key_dtype), initializer,
+                            tf.as_dtype(dtype))

@@ -1,0 +1,221 @@
+"""parallax.dynamic_embedding on one device, in a plain session: what a distributed job must
+equal. A table trains as a static table whose rows start at the ids' first values would; a new
+id's first row depends on the id and the table alone; a Saver resumes it bit for bit; bad input
+is refused naming the table."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.embeddings.initial_rows import from_user
+from parallax.errors import ParallaxError
+
+DIM = 4
+# Each step brings ids never seen before, and ids seen in earlier steps (some twice).
+BATCHES = [[3, 17, 3, 40], [17, 99, 5, 5], [40, 1000, 3, 7], [7, 7, 123456789, 99],
+           [2, 3, 5, 40]]
+OPTIMIZERS = {
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.001),
+}
+
+
+def _keys(batch, key_dtype):
+    return [str(i).encode() for i in batch] if key_dtype == tf.string else batch
+
+
+def _loss(rows, labels):
+    # Rows meet a dense weight, so that the table's gradient is not a function of its rows alone.
+    weight = tf.compat.v1.get_variable("weight", [DIM, 1],
+                                       initializer=tf.compat.v1.constant_initializer(0.3))
+    logits = tf.reshape(tf.matmul(tf.reshape(rows, [-1, DIM]), weight), [-1])
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=labels[:tf.size(logits)], logits=logits))
+
+
+def _labels():
+    return tf.constant([1.0, 0.0, 1.0, 1.0])
+
+
+def _sparse(keys, key_dtype):
+    """The batch's ids as a SparseTensor of two examples of two ids each."""
+    return tf.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]],
+                           tf.convert_to_tensor(keys, key_dtype), [2, 2])
+
+
+def _train_dynamic(optimizer, key_dtype, sparse):
+    graph = tf.Graph()
+    with graph.as_default():
+        table = parallax.dynamic_embedding("user", dim=DIM, capacity=64, key_dtype=key_dtype)
+        ids = tf.compat.v1.placeholder(key_dtype, [4])
+        rows = table.lookup(_sparse(ids, key_dtype) if sparse else ids,
+                            combiner="sqrtn" if sparse else None)
+        opt = OPTIMIZERS[optimizer]()
+        train = opt.minimize(_loss(rows, _labels()))
+        keys, values = table.export()
+        row_of_key = table.keys.export()
+        slots = {name: opt.get_slot(table.variable, name) for name in opt.get_slot_names()}
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for batch in BATCHES:
+                session.run(train, {ids: _keys(batch, key_dtype)})
+            found_keys, found_values, (slot_keys, slot_rows), slot_values = session.run(
+                [keys, values, row_of_key, slots])
+    by_key = dict(zip(found_keys.tolist(), found_values))
+    slots_by_key = {name: dict(zip(slot_keys.tolist(), value[slot_rows]))
+                    for name, value in slot_values.items()}
+    return by_key, slots_by_key
+
+
+def _train_static(optimizer, key_dtype, sparse, seen):
+    """The same model on a static table of the ids `seen`, each row starting at the id's
+    first value as the dynamic table draws it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        first = from_user(None, "user", DIM).rows(tf.constant(seen, key_dtype), DIM, tf.float32)
+        table = tf.compat.v1.Variable(first, name="static", use_resource=True)
+        index = tf.compat.v1.placeholder(tf.int64, [4])
+        if sparse:
+            rows = tf.nn.embedding_lookup_sparse(table, _sparse(index, tf.int64), None,
+                                                 combiner="sqrtn")
+        else:
+            rows = tf.nn.embedding_lookup(table, index)
+        opt = OPTIMIZERS[optimizer]()
+        train = opt.minimize(_loss(rows, _labels()))
+        slots = {name: opt.get_slot(table, name) for name in opt.get_slot_names()}
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for batch in BATCHES:
+                keys = _keys(batch, key_dtype)
+                session.run(train, {index: [seen.index(key) for key in keys]})
+            values, slot_values = session.run([table, slots])
+    return ({key: values[i] for i, key in enumerate(seen)},
+            {name: {key: value[i] for i, key in enumerate(seen)}
+             for name, value in slot_values.items()})
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_a_table_trains_as_a_static_table_of_its_ids_first_values(optimizer):
+    """Every optimizer, its slots per id; int64 ids looked up densely, string ids in a
+    SparseTensor combined per example: bit for bit the static table's rows and slots."""
+    for key_dtype, sparse in [(tf.int64, False), (tf.string, True)]:
+        seen = list(dict.fromkeys(key for batch in BATCHES for key in _keys(batch, key_dtype)))
+        dynamic, dynamic_slots = _train_dynamic(optimizer, key_dtype, sparse)
+        static, static_slots = _train_static(optimizer, key_dtype, sparse, seen)
+        assert sorted(dynamic) == sorted(seen)
+        for key in seen:
+            np.testing.assert_array_equal(dynamic[key], static[key], err_msg=str(key))
+            for name in static_slots:
+                np.testing.assert_array_equal(dynamic_slots[name][key],
+                                              static_slots[name][key], err_msg=f"{name} {key}")
+        moved = [key for key in seen if not np.array_equal(
+            static[key], _first_rows([key], key_dtype)[0])]
+        assert moved, "training moved no row"
+
+
+def _first_rows(keys, key_dtype, name="user", initializer=None, capacity=64, batches=None):
+    """The rows a fresh table gives `keys`, looked up in `batches` (default: all at once)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        table = parallax.dynamic_embedding(name, dim=DIM, capacity=capacity,
+                                           key_dtype=key_dtype, initializer=initializer)
+        ids = tf.compat.v1.placeholder(key_dtype, [None])
+        rows = table.lookup(ids)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for batch in batches or []:
+                session.run(rows, {ids: batch})
+            return session.run(rows, {ids: keys})
+
+
+def test_a_new_ids_row_depends_on_the_id_and_the_table_alone():
+    keys = [5, 77, 2**40, -3]
+    alone = _first_rows(keys, tf.int64)
+    np.testing.assert_array_equal(  # after other ids, in another order, in a larger table
+        _first_rows(keys, tf.int64, capacity=1000, batches=[[9, 2**40], [-3, 8, 5]]), alone)
+    assert not np.array_equal(_first_rows(keys, tf.int64, name="item"), alone)
+    assert len({row.tobytes() for row in alone}) == len(keys)
+    words = [b"a", b"b", b"", "é".encode()]
+    np.testing.assert_array_equal(_first_rows(words, tf.string, batches=[[b"b", b"z"]]),
+                                  _first_rows(words, tf.string))
+
+
+def test_initializers_of_tf_compat_v1_and_keras_draw_their_distributions():
+    keys = list(range(4000))
+
+    def drawn(initializer):
+        return _first_rows(keys, tf.int64, initializer=initializer, capacity=4000)
+
+    uniform = drawn(tf.compat.v1.random_uniform_initializer(-0.5, 1.5))
+    assert -0.5 <= uniform.min() and uniform.max() < 1.5
+    assert abs(uniform.mean() - 0.5) < 0.02
+    truncated = drawn(tf.keras.initializers.TruncatedNormal(mean=1.0, stddev=0.1))
+    assert 0.8 <= truncated.min() and truncated.max() <= 1.2
+    assert abs(truncated.mean() - 1.0) < 0.005
+    normal = drawn(tf.compat.v1.random_normal_initializer(stddev=2.0))
+    assert abs(normal.std() - 2.0) < 0.05 and normal.max() > 4.0
+    assert (drawn(tf.compat.v1.zeros_initializer()) == 0).all()
+    assert (drawn(0.25) == 0.25).all()
+    assert not np.array_equal(  # the initializer's seed is the table's too
+        drawn(tf.keras.initializers.RandomNormal(seed=1)),
+        drawn(tf.keras.initializers.RandomNormal(seed=2)))
+    with pytest.raises(ParallaxError, match="dynamic embedding 'user': initializer"):
+        drawn(tf.keras.initializers.GlorotUniform())
+
+
+def test_bad_use_is_refused_naming_the_table():
+    with tf.Graph().as_default():
+        table = parallax.dynamic_embedding("user", dim=DIM, capacity=3)
+        with pytest.raises(ParallaxError, match="'user': the graph has a table of that name"):
+            parallax.dynamic_embedding("user", dim=8, capacity=10)
+        with pytest.raises(ParallaxError, match="'user': ids of int32, the table's keys are "
+                                                "int64"):
+            table.lookup(tf.constant([1, 2]))
+        with pytest.raises(ParallaxError, match="'user': combiner 'mean' is for a "
+                                                "SparseTensor"):
+            table.lookup(tf.constant([1], tf.int64), combiner="mean")
+        with pytest.raises(ParallaxError, match="'item': keys of float32"):
+            parallax.dynamic_embedding("item", dim=DIM, capacity=3, key_dtype=tf.float32)
+        with pytest.raises(ParallaxError, match="'item': dim"):
+            parallax.dynamic_embedding("item", dim=0, capacity=3)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = table.lookup(ids)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(rows, {ids: [1, 2, 1]})
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="dynamic embedding user is full: its 3 rows"):
+                session.run(rows, {ids: [3, 4]})
+            assert session.run(table.size()) == 2  # the failed lookup gave out nothing
+
+
+def test_a_saver_resumes_a_table_bit_for_bit(tmp_path):
+    def run(steps, restore=None, save=None):
+        graph = tf.Graph()
+        with graph.as_default():
+            table = parallax.dynamic_embedding("user", dim=DIM, capacity=64)
+            ids = tf.compat.v1.placeholder(tf.int64, [4])
+            train = tf.compat.v1.train.AdamOptimizer(0.05).minimize(
+                _loss(table.lookup(ids), _labels()))
+            saver = tf.compat.v1.train.Saver()
+            keys, values = table.export()
+            with tf.compat.v1.Session() as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                if restore:
+                    saver.restore(session, restore)
+                for batch in steps:
+                    session.run(train, {ids: batch})
+                if save:
+                    saver.save(session, save)
+                found_keys, found_values = session.run([keys, values])
+        return {key: found_values[i] for i, key in enumerate(found_keys.tolist())}
+
+    through = run(BATCHES)
+    run(BATCHES[:2], save=str(tmp_path / "model"))
+    resumed = run(BATCHES[2:], restore=str(tmp_path / "model"))
+    assert sorted(resumed) == sorted(through)
+    for key in through:
+        np.testing.assert_array_equal(resumed[key], through[key])
