@@ -73,7 +73,9 @@ PARTS = {
         "--fetch-gradients"]),
     # A loss normalized by the tokens that are not padding, each worker's count its own:
     # divided by the combined batch's count, as on one device (passes/loss_denominators.py).
-    "AUTO-seq2seq": (["seq2seq"], ["--run-option", "AUTO"]),
+    # Its trials the shortest (Config.trial_steps=3): every plan is tried within the first
+    # runner's steps, and the training goes on through the switches.
+    "AUTO-seq2seq": (["seq2seq"], ["--run-option", "AUTO", "--trial-steps", "3"]),
 }
 # A job trains its parts one after another (the parts its selected tests need), one
 # get_runner a configuration: one job per cluster and collectives library, launched for its
