@@ -11,6 +11,8 @@ import numpy.testing  # noqa: F401
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
+import equivalence_jobs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = os.path.join(REPO, "tests", "workloads")
 # Horovod builds against TensorFlow 2.18 and older: its own tests run on that stack
@@ -50,20 +52,50 @@ EMULATED_CLUSTER_MODULES = {f"tests/test_{name}.py" for name in (
     "benchmarks", "cluster", "emulated_cluster", "faults", "slurm")}
 
 
+# The units of work that take longest (2026-12-07, on 2 cores), about longest first: handed out
+# first, so that the shorter ones fill the end of both workers' time. The others follow,
+# those of most tests first (xdist's order).
+LONGEST_FIRST = [
+    "tests/test_user_graphs.py", "tests/test_checkpoints.py", "tests/test_launch.py",
+    "tests/test_equivalence.py::two-machines", "tests/test_examples.py",
+    "tests/test_control.py", "tests/test_verify.py", "tests/test_plan_cli.py",
+    "tests/test_equivalence.py::one-machine",
+    "tests/test_equivalence.py::test_auto_chooses_by_measured_rows_and_equals_single_device",
+    "tests/test_equivalence.py::HYBRID-split", "tests/test_equivalence.py::HYBRID-keras-"
+    "embedding-split", "tests/test_equivalence.py::AUTO-two-tables",
+    "tests/test_equivalence.py::test_searched_partitions_are_chosen_by_the_cost_model_and_"
+    "equal_single_device", "tests/test_equivalence.py::AUTO-seq2seq",
+]
+
+
 class _ModuleScheduling(LoadScopeScheduling):
     """pytest-xdist's scheduling for scripts/test.sh's two workers: a module's tests on one
-    worker, so that a job a module fixture runs for all its tests runs once; the emulated
+    worker, so that a job a module fixture runs for all its tests runs once (test_equivalence's
+    tests by job: its fixture runs each job once, for the tests of that job); the emulated
     cluster's modules on one worker, one test after another, and first: they are the longest
-    chain of tests (xdist takes the others largest first)."""
+    chain of tests. Then LONGEST_FIRST, then the others."""
     EMULATED = "emulated cluster"
+    _ordered = False
 
     def _split_scope(self, nodeid):
         module = nodeid.split("::")[0]
-        return self.EMULATED if module in EMULATED_CLUSTER_MODULES else module
+        if module in EMULATED_CLUSTER_MODULES:
+            return self.EMULATED
+        if module == "tests/test_equivalence.py":
+            job = equivalence_jobs.job_of_test(nodeid)
+            # a test without a job: a unit of its own, each of its parameters
+            return f"{module}::{job}" if job else nodeid
+        return module
 
     def _assign_work_unit(self, node):
-        if self.EMULATED in self.workqueue:
-            self.workqueue.move_to_end(self.EMULATED, last=False)
+        if not self._ordered:
+            self._ordered = True
+            first = [self.EMULATED, *LONGEST_FIRST]
+            rank = {scope: index for index, scope in enumerate(first)}
+            def key(scope):  # a test's parameters take its rank
+                return rank.get(scope, rank.get(scope.split("[")[0], len(first)))
+            for scope in sorted(self.workqueue, key=key):
+                self.workqueue.move_to_end(scope)  # a stable sort: the others keep their order
         super()._assign_work_unit(node)
 
 
