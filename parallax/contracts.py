@@ -264,6 +264,7 @@ SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initial
 # PartitionerCall objects in call order, read in the graph the script built (a MetaGraphDef
 # drops them: TensorFlow warns that it cannot serialize them).
 PARTITIONER_CALLS_COLLECTION = "parallax_partitioner_calls"
+TABLES_COLLECTION = "parallax_dynamic_embeddings"  # TableRecord JSON, one per table
 # Not a str: get_all_collection_keys, hence export_meta_graph (a Saver's meta graph of the
 # copy), skips it, as it holds a Python object no MetaGraphDef can.
 SPLIT_STATE_COLLECTION = ("parallax_split_state",)
@@ -492,6 +493,38 @@ def record_partitioner_call(graph: tf.Graph, call: PartitionerCall) -> None:
 
 def read_partitioner_calls(graph: tf.Graph) -> List[PartitionerCall]:
     return graph.get_collection(PARTITIONER_CALLS_COLLECTION)
+
+
+@dataclasses.dataclass
+class TableRecord:
+    """A dynamic embedding of the graph (parallax/embeddings/), by its ops' and tensors' names,
+    for the analysis, the planner and the rewrite."""
+    name: str
+    dim: int
+    capacity: int
+    key_dtype: str
+    dtype: str
+    variable: str  # the rows' variable's op
+    keys: str  # the hash table's op
+    initializer: Dict[str, Any]  # embeddings.initial_rows.RowInitializer's fields
+    # Each lookup's distinct ids and their rows (tensor names), which the rewrite gives out
+    # on the servers instead.
+    lookups: List[List[str]] = dataclasses.field(default_factory=list)
+    # The writes of new ids' first values (ops): from the ids alone, whichever worker writes
+    # them, so the analysis does not count them as writes from the batch.
+    first_values: List[str] = dataclasses.field(default_factory=list)
+
+
+def record_table(graph: tf.Graph, record: TableRecord) -> None:
+    """Add `record`, or replace the one of its table."""
+    kept = [text for text in graph.get_collection(TABLES_COLLECTION)
+            if _decoded(text)["name"] != record.name]
+    graph.get_collection_ref(TABLES_COLLECTION)[:] = kept + [
+        json.dumps(dataclasses.asdict(record))]
+
+
+def read_tables(graph: tf.Graph) -> List[TableRecord]:
+    return [TableRecord(**_decoded(text)) for text in graph.get_collection(TABLES_COLLECTION)]
 
 
 def record_split_state(graph: tf.Graph, state: Any) -> None:

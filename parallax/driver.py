@@ -15,6 +15,7 @@ import tensorflow as tf
 from parallax import collectives, contracts, launch
 from parallax.cluster import Cluster
 from parallax.config import Config, PlanOptions
+from parallax.contracts import read_tables
 from parallax.errors import ParallaxError
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
@@ -127,6 +128,11 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
         measured = _driver_measurement(graph, analysis, resources, settings,
                                        collectives.choose(options.collectives))
         decision = decide(graph, analysis, measured, options)
+    elif read_tables(graph):  # split over every machine (planning/proposal.py: table_splits)
+        decision = decide(graph, analysis, Measurements(
+            launch.workers_per_machine(resources),
+            problem="nothing measured; dynamic embeddings split over every machine"),
+            options)
     else:
         check_plan(analysis, options)  # a graph it refuses fails before the resources are read
         decision = None

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from parallax import contracts
 from parallax.embeddings.initial_rows import from_user
 from parallax.errors import ParallaxError
 
@@ -219,3 +220,94 @@ def test_a_saver_resumes_a_table_bit_for_bit(tmp_path):
     assert sorted(resumed) == sorted(through)
     for key in through:
         np.testing.assert_array_equal(resumed[key], through[key])
+
+
+# -- under Parallax: workers as threads of this process, servers in it (tests/in_process.py) --
+
+WORKER_BATCH = 6  # examples of two ids each
+STEPS = 4
+
+
+def _combined_batches():
+    """Each step's combined batch: ids drawn from a growing range, so new ids come every step,
+    with repeats across workers."""
+    draws = np.random.RandomState(7)
+    return [draws.randint(0, 8 + 10 * step, size=(2 * WORKER_BATCH, 2)).astype(np.int64)
+            for step in range(STEPS)]
+
+
+def _model(key_dtype=tf.int64):
+    graph = tf.Graph()
+    with graph.as_default():
+        table = parallax.dynamic_embedding("user", dim=DIM, capacity=256, key_dtype=key_dtype)
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
+        keys = tf.strings.as_string(ids) if key_dtype == tf.string else ids
+        rows = tf.reshape(table.lookup(keys), [-1, 2 * DIM])
+        weight = tf.compat.v1.get_variable("weight", [2 * DIM, 1],
+                                           initializer=tf.compat.v1.constant_initializer(0.2))
+        labels = tf.cast(tf.math.floormod(ids[:, 0], 2), tf.float32)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=labels, logits=tf.reshape(tf.matmul(rows, weight), [-1])))
+        train = tf.compat.v1.train.AdagradOptimizer(0.2).minimize(
+            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        fetches = {"train": train, "export": table.export(), "size": table.size(),
+                   "weight": weight}
+    return graph, ids, fetches
+
+
+def _by_key(keys, values):
+    return {key: values[i] for i, key in enumerate(keys.tolist())}
+
+
+@pytest.mark.parametrize("run_option,key_dtype", [("PS", tf.int64), ("HYBRID", tf.string)])
+def test_under_parallax_a_table_lives_on_the_servers_and_trains_as_on_one_device(
+        run_option, key_dtype):
+    """Two machines, a server each: the table's rows split over both servers, each giving its
+    own ids rows; every id's row ends as one device's on the combined batches (PS: the dense
+    weight on a server too; HYBRID: allreduced), and no worker holds a key."""
+    import in_process
+    batches = _combined_batches()
+    graph, ids, fetches = _model(key_dtype)
+    with graph.as_default(), tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        for batch in batches:
+            session.run(fetches["train"], {ids: batch})
+        expected, expected_size = session.run([fetches["export"], fetches["size"]])
+    expected = _by_key(*expected)
+
+    def work():
+        graph, ids, fetches = _model(key_dtype)
+        runner = parallax.get_runner(graph, "127.0.0.1:0;127.0.0.2:0",
+                                     parallax.Config(run_option=run_option))
+        worker = contracts.read_cluster().worker_id
+        for batch in batches:
+            runner.run(fetches["train"],
+                       {ids: batch[worker * WORKER_BATCH:(worker + 1) * WORKER_BATCH]})
+        copy = runner.session.graph
+        keys_on = {op.device for op in copy.get_operations()
+                   if op.type == "MutableHashTableV2" and op.name.startswith("user/keys/")}
+        # The script's own table of keys, cut from the lookups, stays empty on the worker.
+        on_worker = runner.session.run(copy.get_tensor_by_name(fetches["size"].name))
+        keys_on.add(f"{on_worker} keys on the worker")
+        return runner.run([fetches["export"], fetches["size"]]), keys_on
+
+    for (export, size), keys_on in in_process.run_workers(
+            graph, "127.0.0.1:0;127.0.0.2:0", parallax.Config(run_option=run_option), work):
+        assert size == expected_size == len(expected)
+        found = _by_key(*export)
+        assert sorted(found) == sorted(expected)
+        for key, row in expected.items():
+            np.testing.assert_allclose(found[key], row, rtol=1e-5, atol=1e-6, err_msg=str(key))
+        assert sorted(keys_on) == ["/job:ps/task:0/device:CPU:0", "/job:ps/task:1/device:CPU:0",
+                                   "0 keys on the worker"], keys_on
+
+
+def test_run_option_ar_refuses_a_table_naming_it_and_the_options_that_take_it():
+    from parallax import driver
+    from parallax.planning.analysis import analyze
+    graph = _model()[0]
+    config = parallax.Config(run_option="AR")
+    with pytest.raises(ParallaxError, match="dynamic embedding 'user': run option AR keeps "
+                                            ".*run_option PS, HYBRID or AUTO"):
+        driver.make_job_plans(graph, analyze(graph), "127.0.0.1:0,1", config.plan_options,
+                              config.launch_settings)

@@ -17,7 +17,7 @@ LAYERS = [
               "parallax.tf_private", "parallax.vocabulary", "parallax.graph_copy",
               "parallax.tf_logs"]),
     ("collectives", ["parallax.collectives"]),
-    ("capture", ["parallax.capture", "parallax.partitioner"]),
+    ("capture", ["parallax.capture", "parallax.partitioner", "parallax.embeddings"]),
     ("planning", ["parallax.planning"]),
     ("rewriting", ["parallax.rewriting"]),
     ("runtime", ["parallax.runtime"]),

@@ -19,49 +19,16 @@ which row an id was given, so the two forms compute the same values.
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import List, Optional, Union
+from typing import Optional, Union
 
 import tensorflow as tf
 
+from parallax import contracts
+from parallax.contracts import TableRecord
 from parallax.embeddings.initial_rows import RowInitializer, from_user
 from parallax.errors import ParallaxError
 
-TABLES_COLLECTION = "parallax_dynamic_embeddings"  # TableRecord JSON, one per table
 COMBINERS = ("sum", "mean", "sqrtn")
-
-
-@dataclasses.dataclass
-class TableRecord:
-    """What a graph keeps of a table, for the driver and the rewrites (by op and tensor name)."""
-    name: str
-    dim: int
-    capacity: int
-    key_dtype: str
-    dtype: str
-    variable: str  # the rows' variable's op
-    keys: str  # the hash table's op
-    initializer: RowInitializer
-    # Each lookup's distinct ids and their rows (tensor names), which the rewrite gives out
-    # on the servers instead.
-    lookups: List[List[str]] = dataclasses.field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text) -> "TableRecord":
-        fields = json.loads(text)
-        fields["initializer"] = RowInitializer(**fields["initializer"])
-        return cls(**fields)
-
-
-def read_tables(graph: tf.Graph) -> List[TableRecord]:
-    return [TableRecord.from_json(text) for text in graph.get_collection(TABLES_COLLECTION)]
-
-
-def _write_tables(graph: tf.Graph, records: List[TableRecord]) -> None:
-    graph.get_collection_ref(TABLES_COLLECTION)[:] = [record.to_json() for record in records]
 
 
 class DynamicEmbedding:
@@ -70,7 +37,7 @@ class DynamicEmbedding:
     def __init__(self, name: str, dim: int, capacity: int, key_dtype: tf.DType,
                  initializer, dtype: tf.DType):
         graph = tf.compat.v1.get_default_graph()
-        if any(record.name == name for record in read_tables(graph)):
+        if any(record.name == name for record in contracts.read_tables(graph)):
             raise ParallaxError(f"dynamic embedding '{name}': the graph has a table of that "
                                 "name already; give each table its own name")
         if key_dtype not in (tf.int64, tf.string):
@@ -89,8 +56,8 @@ class DynamicEmbedding:
             self._lock = tf.CriticalSection(name="give_rows")
         self._record = TableRecord(
             name, dim, capacity, key_dtype.name, dtype.name, self.variable.op.name,
-            self.keys.resource_handle.op.name, self._initializer)
-        _write_tables(graph, read_tables(graph) + [self._record])
+            self.keys.resource_handle.op.name, dataclasses.asdict(self._initializer))
+        contracts.record_table(graph, self._record)
 
     def lookup(self, ids: Union[tf.Tensor, tf.SparseTensor], combiner: Optional[str] = None,
                sp_weights: Optional[tf.SparseTensor] = None, name: Optional[str] = None):
@@ -114,9 +81,8 @@ class DynamicEmbedding:
             given = self._rows_of(unique)
             rows = tf.gather(given, position, name="rows")
             self._record.lookups.append([unique.name, given.name])
-            graph = tf.compat.v1.get_default_graph()
-            _write_tables(graph, [self._record if r.name == self.name else r
-                                  for r in read_tables(graph)])
+            self._record.first_values.append(written_by(given).name)
+            contracts.record_table(tf.compat.v1.get_default_graph(), self._record)
             if sparse:
                 return self._combined(ids, given, position, sp_weights, combiner or "mean")
             found = tf.nn.embedding_lookup(self.variable, rows)
@@ -144,7 +110,8 @@ class DynamicEmbedding:
 
     def _rows_of(self, unique: tf.Tensor) -> tf.Tensor:
         """The rows of distinct ids `unique`, given out to those not in the table."""
-        return give_rows(unique, self.keys, self.variable.handle, self._lock, self._record)
+        return give_rows(unique, self.keys.resource_handle, self.variable.handle, self._lock,
+                         self._record)
 
     def size(self) -> tf.Tensor:
         """The number of ids in the table."""
@@ -156,30 +123,33 @@ class DynamicEmbedding:
         return keys, tf.gather(self.variable.read_value(), rows)
 
 
-def give_rows(unique: tf.Tensor, keys, rows: tf.Tensor, lock: tf.CriticalSection,
+def give_rows(unique: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, lock: tf.CriticalSection,
               record: TableRecord, part: int = 0, parts: int = 1) -> tf.Tensor:
     """The rows of distinct ids `unique` in part `part` of `parts` of a table: rows
     `part + parts * i` of its variable, whose handle `rows` holds its row i. The part's ids
-    not in its `keys` are given its next rows (the ith id in it has row i), set to their first
-    values; this is done in the part's critical section `lock`, so that two workers giving
-    rows at once give an id one row."""
+    not in its table `keys` (a handle) are given its next rows (the ith id in it has row i),
+    set to their first values; this is done in the part's critical section `lock`, so that
+    two workers giving rows at once give an id one row."""
     limit = len(range(part, record.capacity, parts))
 
     def give():
-        found = keys.lookup(unique)
+        found = tf.raw_ops.LookupTableFindV2(table_handle=keys, keys=unique,
+                                             default_value=tf.constant(-1, tf.int64))
         missing = tf.where(found < 0)[:, 0]
         new_keys = tf.gather(unique, missing)
-        start = keys.size()
+        start = tf.raw_ops.LookupTableSizeV2(table_handle=keys)
         room = tf.debugging.assert_less_equal(
             start + tf.size(new_keys, out_type=tf.int64), tf.constant(limit, tf.int64),
             message=f"dynamic embedding {record.name} is full: its {record.capacity} rows "
                     "(capacity) are given out; make it larger")
         with tf.control_dependencies([room]):
             local = start + tf.range(tf.size(new_keys, out_type=tf.int64), dtype=tf.int64)
-        values = record.initializer.rows(new_keys, record.dim, tf.as_dtype(record.dtype))
+        values = RowInitializer(**record.initializer).rows(new_keys, record.dim,
+                                                           tf.as_dtype(record.dtype))
         new_rows = part + parts * local
         with tf.control_dependencies([local]):  # after the size is read
-            writes = [keys.insert(new_keys, new_rows),
+            writes = [tf.raw_ops.LookupTableInsertV2(table_handle=keys, keys=new_keys,
+                                                     values=new_rows),
                       tf.raw_ops.ResourceScatterUpdate(resource=rows, indices=local,
                                                        updates=values)]
         found_rows = tf.tensor_scatter_nd_update(found, missing[:, None], new_rows)
@@ -187,6 +157,15 @@ def give_rows(unique: tf.Tensor, keys, rows: tf.Tensor, lock: tf.CriticalSection
             return tf.identity(found_rows)
 
     return lock.execute(give)
+
+
+def written_by(given: tf.Tensor) -> tf.Operation:
+    """The write of first values behind `given`, give_rows' result."""
+    found = [op for op in given.graph.get_operations()
+             if op.type == "ResourceScatterUpdate" and op.name.startswith(
+                 given.op.name.rsplit("/", 1)[0] + "/")]
+    assert len(found) == 1, found
+    return found[0]
 
 
 def dynamic_embedding(name: str, dim: int, capacity: int, key_dtype: tf.DType = tf.int64,

@@ -6,6 +6,7 @@ attributes), so it works on a graph imported from a MetaGraphDef as well as on o
 from __future__ import annotations
 
 import collections
+import re
 import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -15,6 +16,7 @@ import tensorflow as tf
 from parallax import contracts, tf_private
 from parallax.capture import batch_moments
 from parallax.contracts import GradientRecord
+from parallax.contracts import read_tables
 from parallax.errors import ParallaxError
 from parallax.planning import counters
 from parallax.vocabulary import (DATA_SOURCE_OPS, DIVIDING_OPS, FUNCTION_CALL_OPS,
@@ -557,7 +559,12 @@ def _check_averageable(graph, write, name) -> None:
 
 def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
     writes: Dict[str, List[str]] = collections.defaultdict(list)
+    # A dynamic embedding's new rows are written from their ids alone (embeddings/table.py),
+    # also where the split wrote them per shard ('<write>/part_<j>').
+    first_values = {name for table in read_tables(graph) for name in table.first_values}
     for op in graph.get_operations():
+        if re.sub(r"/part_\d+$", "", op.name) in first_values:
+            continue
         if op.type.startswith(_FUSED_UPDATE_PREFIXES):
             written = op.inputs
         elif op.type.startswith(_ASSIGN_PREFIXES) and op.inputs:

@@ -33,7 +33,8 @@ def fixed_hows(problem: Problem, run_option: Optional[str] = None) -> Dict[str, 
     run_option = run_option or problem.run_option
     if run_option == "AUTO":
         return {}
-    return {name: rule(run_option, var.sparse) for name, var in problem.variables.items()}
+    return {name: PS if name in problem.tables else rule(run_option, var.sparse)
+            for name, var in problem.variables.items()}
 
 
 def methods_for(var: VariableStats, problem: Problem, shard_counts: Dict[str, Sequence[int]],
@@ -43,6 +44,8 @@ def methods_for(var: VariableStats, problem: Problem, shard_counts: Dict[str, Se
     in each of `shard_counts[var]` row shards (1 when not given) from each first machine; no
     server where the gradients wait for its updates; only `hows[var]` where given."""
     machines = problem.shape.machines
+    if var.name in problem.tables:
+        return [Method(PS, tuple(range(machines)))]
     candidates = []
     if not var.sparse or var.name in problem.summable:
         candidates.append(Method(ALLREDUCE))
@@ -68,6 +71,8 @@ def rule_methods(problem: Problem, shard_counts: Dict[str, Sequence[int]],
             ALLREDUCE if not var.sparse else ALLGATHER if var.name in problem.off_servers
             else PS)
         shards = min(shard_counts.get(var.name, (1,))) if how == PS else 0
+        if var.name in problem.tables:
+            how, shards = PS, problem.shape.machines
         plan[var.name] = Method(how, tuple(j % problem.shape.machines for j in range(shards)))
     return balanced_servers(plan, problem.variables, problem.shape)
 

@@ -14,6 +14,8 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.cluster import Cluster
 from parallax.config import PlanOptions
+from parallax.contracts import read_tables
+from parallax.errors import ParallaxError
 from parallax.partitioner import partitioned_variables
 from parallax.planning import cost, explanation, split_rules
 from parallax.planning.analysis import GraphAnalysis
@@ -54,7 +56,7 @@ def pose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         machine_stages=stages, inside=measured.within_machine,
         links=measured.links or cost.Links(), links_measured=measured.links is not None,
         transport=measured.transport, collective=measured.collective,
-        trial_margin=options.trial_margin,
+        trial_margin=options.trial_margin, tables=_tables(graph, options),
         # Not measured: the workers' machines taken to be like this one, each its own.
         cores=measured.cores or Cores(os.cpu_count() or 1),
         **cost.ps_options(options.ps_config))
@@ -81,6 +83,17 @@ def pose(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
         compute=Compute(timing.alone, timing.cpu) if timing else None,
         compute_problem=measured.compute_problem,
         untimed=_why_untimed(graph, analysis) if auto else None, **fixed)
+
+
+def _tables(graph: tf.Graph, options: PlanOptions) -> frozenset:
+    """The variables of the graph's dynamic embeddings, which only servers hold."""
+    tables = read_tables(graph)
+    if tables and options.run_option == "AR":
+        raise ParallaxError(
+            f"dynamic embedding '{tables[0].name}': run option AR keeps every variable on the "
+            "workers, and a dynamic embedding's rows and keys live on parameter servers; run "
+            "it with run_option PS, HYBRID or AUTO")
+    return frozenset(record.variable for record in tables)
 
 
 def decision(problem: Problem, proposal: Proposal) -> Decision:
@@ -149,7 +162,12 @@ def _splittable(graph, analysis, partitions, off_servers, variables
             whole[info.name] = why
     kept, apart = split_rules.splittable_in_turn(
         graph, sorted(candidates, key=lambda name: -variables[name].nbytes))
-    return tuple(kept), {**whole, **apart}
+    whole.update(apart)
+    for table in read_tables(graph):
+        if table.variable in whole:
+            raise ParallaxError(f"dynamic embedding '{table.name}': its rows cannot be split "
+                                f"over the servers: {whole[table.variable]}")
+    return tuple(kept), whole
 
 
 def _merge_shards(stats, partitions, summable, off_servers) -> Dict[str, cost.VariableStats]:

@@ -58,6 +58,9 @@ class Problem:
     unmeasured: Optional[str] = None  # why the variables' rows were not measured: a rule's plan
     summable: FrozenSet[str] = frozenset()  # sparse variables whose rows may be summed by id
     off_servers: FrozenSet[str] = frozenset()  # the gradients wait for their updates
+    # Dynamic embeddings' variables (parallax.dynamic_embedding): only servers hold them,
+    # split over every machine, as their keys are (rewriting/passes/dynamic_tables.py)
+    tables: FrozenSet[str] = frozenset()
     partitions: Tuple[Partition, ...] = ()  # with search_partitions
     # Sparse variables the workers may split over servers (largest first, all together), and
     # why each other one is kept whole

@@ -76,6 +76,7 @@ def propose(problem: Problem, alternatives: bool = True) -> Proposal:
     splits, whole = {}, dict(problem.whole)
     if problem.split is not False:
         (chosen, staged), splits, whole = _choose_splits(problem, counts, hows, (chosen, staged))
+    splits.update(table_splits(problem))
     partitions = [PartitionCount(call, p.name, len(chosen[p.name].servers) or p.min_shards)
                   for call, p in enumerate(problem.partitions)]
     shards = {**{name: count for _, name, count in partitions}, **splits}
@@ -251,6 +252,12 @@ def _choose_splits(problem: Problem, counts, hows, whole_plan):
     return whole_plan, {}, whole
 
 
+def table_splits(problem: Problem) -> Dict[str, int]:
+    """Dynamic embeddings' variables, split over every machine (one machine: whole)."""
+    machines = problem.shape.machines
+    return dict.fromkeys(problem.tables, machines) if machines > 1 else {}
+
+
 def apart(chosen: Dict[str, Method], variables: Dict[str, VariableStats],
           shards: Dict[str, int]) -> Tuple[Dict[str, Method], Dict[str, VariableStats]]:
     """Methods and statistics per shard of the variables in `shards` (partitioned, or split
@@ -278,7 +285,8 @@ def _alternatives(problem: Problem, proposal: Proposal, shards: Dict[str, int]
     found = []
     for run_option in RULES:
         hows = {name: rule(run_option, var.sparse) for name, var in problem.variables.items()}
-        if problem.off_servers & {name for name, how in hows.items() if how == PS}:
+        if problem.off_servers & {name for name, how in hows.items() if how == PS} or any(
+                hows[name] != PS for name in problem.tables):
             continue
         choice, staged = fastest(problem, {**counts, **fixed}, hows)
         methods = apart(choice, problem.variables, shards)[0]
@@ -296,13 +304,16 @@ def by_rule(problem: Problem) -> Proposal:
     methods = {name: Method(how, (0,) if how == PS else ())  # placed below, by bytes
                for name, var in problem.variables.items()
                for how in [rule(problem.run_option, var.sparse)]}
-    splits, whole = {}, dict(problem.whole)
+    for name in problem.tables:
+        methods[name] = Method(PS, tuple(range(problem.shape.machines)))
+    splits, whole = table_splits(problem), dict(problem.whole)
     if problem.split:
-        on_servers = [name for name in problem.splittable if methods[name].how == PS]
+        on_servers = [name for name in problem.splittable
+                      if methods[name].how == PS and name not in problem.tables]
         if problem.shape.machines < 2:
             whole.update(dict.fromkeys(on_servers, "the job has one machine"))
         else:
-            splits = dict.fromkeys(on_servers, problem.shape.machines)
+            splits.update(dict.fromkeys(on_servers, problem.shape.machines))
     for name, count in splits.items():
         methods[name] = Method(PS, tuple(range(count)))
     methods = balanced_servers(methods, problem.variables, problem.shape)

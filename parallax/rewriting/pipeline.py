@@ -18,6 +18,7 @@ from parallax.rewriting.passes.allreduce import (allreduce_gradients, combine_wo
 from parallax.rewriting.passes.batch_norm import synchronize_batch_statistics
 from parallax.rewriting.passes.boundary import place_boundary_ops
 from parallax.rewriting.passes.dense_shapes import free_constant_dense_shapes
+from parallax.rewriting.passes.dynamic_tables import give_rows_on_servers
 from parallax.rewriting.passes.defer_server_work import defer_gradient_free_server_work
 from parallax.rewriting.passes.loop_reads import copy_loop_reads_to_worker
 from parallax.rewriting.passes.loss_denominators import combine_loss_denominators
@@ -34,12 +35,12 @@ _REPLICAS = (free_constant_dense_shapes, synchronize_batch_statistics, combine_l
 _PS = (place_variables_on_servers, aggregate_on_servers, pin_to_worker,
        copy_loop_reads_to_worker, place_post_aggregation_ops, place_boundary_ops,
        gather_unique_rows, defer_gradient_free_server_work, synchronize_steps,
-       separate_runner_state)
+       give_rows_on_servers, separate_runner_state)
 # Config(sync=False): each worker applies its own gradients to the servers' variables, as they
 # arrive; no aggregation, no steps to synchronize.
 _PS_ASYNC = (place_variables_on_servers, mark_servers_ready, pin_to_worker,
              copy_loop_reads_to_worker, place_boundary_ops, gather_unique_rows,
-             separate_runner_state)
+             give_rows_on_servers, separate_runner_state)
 # Where the sessions run on the worker's own gRPC server (TensorFlow's collectives), replicas
 # are pinned to it and each runner's state kept apart, as beside servers.
 _OWN_SERVER = (place_variables_on_servers, pin_to_worker, separate_runner_state)

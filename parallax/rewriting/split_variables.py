@@ -349,6 +349,19 @@ def _colocation_of_shard(graph, attr, state, replaced, j):
     return tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(s=groups))
 
 
+def stand_in(graph: tf.Graph, old: tf.Tensor, new: tf.Tensor) -> None:
+    """`new` replaces `old` for every consumer, and for fetches (`replacement`): for a pass
+    other than the split that replaces a tensor a script may fetch."""
+    state = contracts.read_split_state(graph)
+    if state is None:
+        state = _State(families={})
+        contracts.record_split_state(graph, state)
+    reroute(old, new, list(old.consumers()))
+    state.whole[old.name] = new.name
+    if len(old.op.outputs) == 1:
+        state.whole[old.op.name] = new.op.name
+
+
 def _stands_for(state, old: tf.Tensor, new: tf.Tensor) -> None:
     """`new` replaces `old` for every consumer, and for fetches."""
     reroute(old, new, list(old.consumers()))
