@@ -19,7 +19,7 @@ which row an id was given, so the two forms compute the same values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -51,9 +51,9 @@ class DynamicEmbedding:
         with tf.compat.v1.name_scope(name):
             self.variable = tf.compat.v1.Variable(
                 lambda: tf.zeros([capacity, dim], dtype), name="embedding", use_resource=True)
-            self.keys = tf.lookup.experimental.MutableHashTable(
-                key_dtype, tf.int64, default_value=-1, name="keys")
-            self._lock = tf.CriticalSection(name="give_rows")
+        # Named whole, as a Saver names its keys in a checkpoint: '<name>/keys-keys'.
+        self.keys = tf.lookup.experimental.MutableHashTable(
+            key_dtype, tf.int64, default_value=-1, name=f"{name}/keys")
         self._record = TableRecord(
             name, dim, capacity, key_dtype.name, dtype.name, self.variable.op.name,
             self.keys.resource_handle.op.name, dataclasses.asdict(self._initializer))
@@ -78,10 +78,11 @@ class DynamicEmbedding:
         with tf.name_scope(name or f"{self.name}_lookup"):
             flat = tf.reshape(values, [-1])
             unique, position = tf.unique(flat, out_idx=tf.int64)
-            given = self._rows_of(unique)
+            given, write = give_rows(unique, self.keys.resource_handle, self.variable.handle,
+                                     self._record)
             rows = tf.gather(given, position, name="rows")
             self._record.lookups.append([unique.name, given.name])
-            self._record.first_values.append(written_by(given).name)
+            self._record.first_values.append(write.name)
             contracts.record_table(tf.compat.v1.get_default_graph(), self._record)
             if sparse:
                 return self._combined(ids, given, position, sp_weights, combiner or "mean")
@@ -108,11 +109,6 @@ class DynamicEmbedding:
         norm = norm if combiner == "mean" else tf.sqrt(norm)
         return tf.math.divide_no_nan(total, norm[:, None])
 
-    def _rows_of(self, unique: tf.Tensor) -> tf.Tensor:
-        """The rows of distinct ids `unique`, given out to those not in the table."""
-        return give_rows(unique, self.keys.resource_handle, self.variable.handle, self._lock,
-                         self._record)
-
     def size(self) -> tf.Tensor:
         """The number of ids in the table."""
         return self.keys.size()
@@ -123,14 +119,17 @@ class DynamicEmbedding:
         return keys, tf.gather(self.variable.read_value(), rows)
 
 
-def give_rows(unique: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, lock: tf.CriticalSection,
-              record: TableRecord, part: int = 0, parts: int = 1) -> tf.Tensor:
+def give_rows(unique: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, record: TableRecord,
+              part: int = 0, parts: int = 1,
+              lock: Optional[tf.CriticalSection] = None) -> Tuple[tf.Tensor, tf.Operation]:
     """The rows of distinct ids `unique` in part `part` of `parts` of a table: rows
     `part + parts * i` of its variable, whose handle `rows` holds its row i. The part's ids
     not in its table `keys` (a handle) are given its next rows (the ith id in it has row i),
-    set to their first values; this is done in the part's critical section `lock`, so that
-    two workers giving rows at once give an id one row."""
+    set to their first values; where workers share the part, this is done in its critical
+    section `lock`, so that two workers giving rows at once give an id one row. Also the write
+    of the first values."""
     limit = len(range(part, record.capacity, parts))
+    written = []
 
     def give():
         found = tf.raw_ops.LookupTableFindV2(table_handle=keys, keys=unique,
@@ -148,24 +147,16 @@ def give_rows(unique: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, lock: tf.Crit
                                                            tf.as_dtype(record.dtype))
         new_rows = part + parts * local
         with tf.control_dependencies([local]):  # after the size is read
+            written.append(tf.raw_ops.ResourceScatterUpdate(resource=rows, indices=local,
+                                                            updates=values))
             writes = [tf.raw_ops.LookupTableInsertV2(table_handle=keys, keys=new_keys,
-                                                     values=new_rows),
-                      tf.raw_ops.ResourceScatterUpdate(resource=rows, indices=local,
-                                                       updates=values)]
+                                                     values=new_rows), written[0]]
         found_rows = tf.tensor_scatter_nd_update(found, missing[:, None], new_rows)
         with tf.control_dependencies(writes):  # on an op of their own: grappler keeps it
             return tf.identity(found_rows)
 
-    return lock.execute(give)
-
-
-def written_by(given: tf.Tensor) -> tf.Operation:
-    """The write of first values behind `given`, give_rows' result."""
-    found = [op for op in given.graph.get_operations()
-             if op.type == "ResourceScatterUpdate" and op.name.startswith(
-                 given.op.name.rsplit("/", 1)[0] + "/")]
-    assert len(found) == 1, found
-    return found[0]
+    given = give() if lock is None else lock.execute(give)
+    return given, written[0]
 
 
 def dynamic_embedding(name: str, dim: int, capacity: int, key_dtype: tf.DType = tf.int64,

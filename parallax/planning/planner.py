@@ -118,6 +118,10 @@ def _why_untimed(graph: tf.Graph, analysis: GraphAnalysis) -> Optional[str]:
     one device's in no plan, and the trials lose nothing of it."""
     if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
         return "its input comes from queue runners, which a new session would start over"
+    tables = read_tables(graph)
+    if tables:
+        return (f"a plan's dynamic embedding ('{tables[0].name}') keeps its keys on that "
+                "plan's servers, which the next plan would start without")
     step = upstream_ops([graph.get_operation_by_name(name)
                          for name in dict.fromkeys(analysis.training_writes)])
     drawn = sorted(op.name for op in step if op.type in STATEFUL_RANDOM_OP_TYPES)

@@ -79,8 +79,8 @@ class _Part:
 
     def rows(self, unique: tf.Tensor, parts: int) -> tf.Tensor:
         with tf.device(self.device):
-            return give_rows(unique, self.keys, self.handle, self.lock, self.record,
-                             self.index, parts)
+            return give_rows(unique, self.keys, self.handle, self.record, self.index, parts,
+                             self.lock)[0]
 
 
 def _rows(unique: tf.Tensor, parts: List[_Part]) -> tf.Tensor:
