@@ -513,6 +513,8 @@ class TableRecord:
     # The writes of new ids' first values (ops): from the ids alone, whichever worker writes
     # them, so the analysis does not count them as writes from the batch.
     first_values: List[str] = dataclasses.field(default_factory=list)
+    # The keys and their rows (tensor names), which the rewrite reads from the servers' parts
+    exported: List[str] = dataclasses.field(default_factory=list)
 
 
 def record_table(graph: tf.Graph, record: TableRecord) -> None:

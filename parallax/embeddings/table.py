@@ -54,9 +54,12 @@ class DynamicEmbedding:
         # Named whole, as a Saver names its keys in a checkpoint: '<name>/keys-keys'.
         self.keys = tf.lookup.experimental.MutableHashTable(
             key_dtype, tf.int64, default_value=-1, name=f"{name}/keys")
+        with tf.compat.v1.name_scope(name):
+            exported = self.keys.export()
         self._record = TableRecord(
             name, dim, capacity, key_dtype.name, dtype.name, self.variable.op.name,
-            self.keys.resource_handle.op.name, dataclasses.asdict(self._initializer))
+            self.keys.resource_handle.op.name, dataclasses.asdict(self._initializer),
+            exported=[tensor.name for tensor in exported])
         contracts.record_table(graph, self._record)
 
     def lookup(self, ids: Union[tf.Tensor, tf.SparseTensor], combiner: Optional[str] = None,

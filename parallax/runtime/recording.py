@@ -23,7 +23,7 @@ from typing import Dict, List
 import numpy as np
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.contracts import VerifyRun
 from parallax.planning.analysis import GraphAnalysis
 from parallax.runtime import fetches as fetches_structure
@@ -56,6 +56,25 @@ def variable_values(graph: tf.Graph, run) -> Dict[str, np.ndarray]:
     """Every variable of `graph` by name, read with `run` (a session's or a runner's)."""
     found = variables(graph)
     return dict(zip([v.op.name for v in found], run(found)))
+
+
+def final_values(graph: tf.Graph, run) -> Dict[str, np.ndarray]:
+    """variable_values after the last step, a dynamic embedding's by id: its variable and
+    slots (the variables colocated with it, of as many rows) as the rows of its ids in the
+    order of the ids, which '<table>/keys' holds. Which row an id has differs from one device
+    to a job of servers; its values do not."""
+    values = variable_values(graph, run)
+    for table in contracts.read_tables(graph):
+        keys, rows = run([graph.get_tensor_by_name(name) for name in table.exported])
+        order = np.argsort(keys, kind="stable")
+        colocated = f"loc:@{table.variable}".encode()
+        for variable in variables(graph):
+            if variable.op.name == table.variable or (
+                    colocated in variable.op.colocation_groups()
+                    and variable.shape.rank and variable.shape[0] == table.capacity):
+                values[variable.op.name] = values[variable.op.name][rows[order]]
+        values[f"{table.name}/keys"] = keys[order]
+    return values
 
 
 def _save(path: str, values: Dict[str, np.ndarray]) -> None:
@@ -244,7 +263,7 @@ class ReplayRunner(tf_private.SessionInterface):
                            f"of step {self._steps} joined: {str(error).splitlines()[0]}")
             if self._steps == self.run_settings.steps:
                 _save(self.run_settings.one_device_file,
-                      variable_values(self.graph, self.session.run))
+                      final_values(self.graph, self.session.run))
                 raise SystemExit(0)
             return result
         return self.session.run(fetches, feeds, options, run_metadata)

@@ -121,8 +121,9 @@ class ParallaxRunner(tf_private.SessionInterface):
         inputs = stages.StepInputs(self.graph)
         made = []
         if recorder is not None:
-            made.append(stages.Recording(recorder, inputs, lambda: recording.variable_values(
-                self.graph, self.run)))
+            made.append(stages.Recording(
+                recorder, inputs, lambda: recording.variable_values(self.graph, self.run),
+                lambda: recording.final_values(self.graph, self.run)))
         if check_input:
             made.append(stages.InputDigests(heartbeat, inputs))
         if profiler is not None:

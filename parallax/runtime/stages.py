@@ -123,9 +123,12 @@ class Recording(Stage):
     step, each training step's input and draws, and the variables after the last."""
 
     def __init__(self, recorder: recording.Recorder, inputs: StepInputs,
-                 read_variables: Callable[[], Dict[str, object]]):
+                 read_variables: Callable[[], Dict[str, object]],
+                 read_final: Callable[[], Dict[str, object]]):
         self._recorder, self._step_inputs = recorder, inputs
-        self._read_variables = read_variables  # through the runner: a run of its own
+        # Through the runner, a run of their own: before the first step, and after the last
+        # (recording.final_values)
+        self._read_variables, self._read_final = read_variables, read_final
 
     def before_run(self, step: Step) -> None:
         if not self._recorder.active:
@@ -139,7 +142,7 @@ class Recording(Stage):
             if self._recorder.write_step({name.partition(" ")[2]: value
                                           for name, value in step.named_inputs.items()
                                           if not name.startswith("taken ")}):
-                self._recorder.finish(self._read_variables())
+                self._recorder.finish(self._read_final())
 
 
 class Profiling(Stage):
