@@ -35,6 +35,11 @@ paid for twice. The second phase follows the compute, except a worker's pushes o
 gradients to servers, which leave as each gradient is ready (`ready`, traced on one worker)
 while the backward pass goes on. Allreduce in machine stages costs two more cycles of
 Horovod's background thread (MACHINE_STAGES_SECONDS).
+
+A dynamic embedding (parallax.dynamic_embedding) is a sparse variable on servers whose rows
+only the servers know: before its pull, each worker sends its step's distinct ids to the
+servers that own them and gets their rows' indices back, `id_bytes` each way per id, 1/k to
+each of its k parts.
 """
 from __future__ import annotations
 
@@ -59,6 +64,11 @@ class Sync(str, enum.Enum):
 ALLREDUCE, ALLGATHER, PS = Sync.ALLREDUCE, Sync.ALLGATHER, Sync.PS
 
 
+# A dynamic embedding's id, and its row's index, as a lookup sends them to the servers and
+# back: int64 (a string id is priced as one).
+ID_BYTES = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class VariableStats:
     name: str
@@ -75,6 +85,10 @@ class VariableStats:
     # the gradient to its and its slots' writes, traced on one worker); 0.0 when not measured.
     update: float = 0.0
     table_rows: int = 0  # rows of a sparse variable's table (alpha = distinct(1) / table_rows)
+    # A dynamic embedding's (ID_BYTES): the bytes of each distinct id a worker's step sends to
+    # the server that owns it to be given its row, and of that row's index back; 0: a variable
+    # whose rows the workers know.
+    id_bytes: int = 0
 
     @property
     def sparse(self) -> bool:
@@ -198,6 +212,7 @@ def link_phases(var: VariableStats, method: Method, cluster: Shape,
         pull = (var.distinct(1) if unique_pulls else var.rows) * var.row_bytes
         push = var.rows * (var.row_bytes + var.index_bytes)
         summed = var.distinct(g) * (var.row_bytes + var.index_bytes)
+    ids = var.distinct(1) * var.id_bytes if var.sparse else 0  # out, and their rows back
     if method.how == ALLGATHER:
         for link in after:
             link[0] = link[1] = (n - 1) * push
@@ -207,11 +222,13 @@ def link_phases(var: VariableStats, method: Method, cluster: Shape,
     for server in method.servers:  # each shard: 1/k of the rows
         for machine in range(h):
             if machine == server:
-                before[machine][0] += (n - g) * pull / k
+                before[machine][0] += (n - g) * (pull + ids) / k
+                before[machine][1] += (n - g) * ids / k
                 after[machine][1] += ((h - 1) * summed if aggregated else (n - g) * push) / k
             else:
                 after[machine][0] += (summed if aggregated else g * push) / k
-                before[machine][1] += g * pull / k
+                before[machine][0] += g * ids / k
+                before[machine][1] += g * (pull + ids) / k
     return before, after
 
 

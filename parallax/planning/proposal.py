@@ -68,6 +68,7 @@ class Proposal:
 def propose(problem: Problem, alternatives: bool = True) -> Proposal:
     """The fastest plan predicted for `problem`; with `alternatives`, under AUTO, the rules'
     plans too, with the same shards, where they differ from it."""
+    problem = with_table_ids(problem)
     if problem.unmeasured:
         return by_rule(problem)
     hows = fixed_hows(problem)
@@ -252,6 +253,14 @@ def _choose_splits(problem: Problem, counts, hows, whole_plan):
     return whole_plan, {}, whole
 
 
+def with_table_ids(problem: Problem) -> Problem:
+    """`problem` with its dynamic embeddings' ids priced: the measurement sees a table's
+    variable as any sparse one, whose rows the workers know (cost.VariableStats.id_bytes)."""
+    return dataclasses.replace(problem, variables={
+        name: dataclasses.replace(var, id_bytes=cost.ID_BYTES) if name in problem.tables
+        else var for name, var in problem.variables.items()})
+
+
 def table_splits(problem: Problem) -> Dict[str, int]:
     """Dynamic embeddings' variables, split over every machine (one machine: whole)."""
     machines = problem.shape.machines
@@ -301,6 +310,7 @@ def by_rule(problem: Problem) -> Proposal:
     placed by bytes, the splittable variables it puts on servers split over every machine
     where problem.split asks, and where the rows were measured, the predicted step (machine
     stages as the plan chooses them without a search)."""
+    problem = with_table_ids(problem)
     methods = {name: Method(how, (0,) if how == PS else ())  # placed below, by bytes
                for name, var in problem.variables.items()
                for how in [rule(problem.run_option, var.sparse)]}
