@@ -1,12 +1,17 @@
-"""runner.describe(): every variable of the graph, and why a gathered table is dense."""
+"""runner.describe(): every variable of the graph, why a gathered table is dense, and how a
+dynamic embedding is partitioned."""
 import tensorflow as tf
 
-import parallax  # noqa: F401  (records the gradients)
+import parallax  # records the gradients
 from parallax.cluster import Cluster
 from parallax.config import PlanOptions
+from parallax.contracts import read_tables
 from parallax.planning.analysis import analyze
 from parallax.planning.describe import describe
 from parallax.planning.job_plan import make_plan
+from parallax.planning.measure import Measurements
+from parallax.planning.planner import decide
+from parallax.rewriting.split_variables import copy_and_split
 
 CLUSTER = Cluster([0, 0, 1, 1], ["a:1", "b:1"])
 
@@ -64,3 +69,35 @@ def test_every_variable_of_the_graph_is_listed_slots_under_their_variable():
     # Without the analysis (a plan alone), the trained variables' table only.
     assert "other variables" not in describe(make_plan(
         analyze(_graph()), PlanOptions(run_option="HYBRID"), CLUSTER))
+
+
+def _table_described(cluster):
+    """A string-keyed dynamic embedding trained by Adam, planned by HYBRID's rule as the
+    driver plans it (the table split over every machine, nothing measured)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.string, [None], name="ids")
+        table = parallax.dynamic_embedding("user", dim=4, capacity=101, key_dtype=tf.string)
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(tf.reduce_sum(tf.matmul(
+            table.lookup(ids), w)))
+    analysis, options = analyze(graph), PlanOptions(run_option="HYBRID")
+    workers = [cluster.worker_machines.count(m) for m in range(cluster.num_machines)]
+    decision = decide(graph, analysis, Measurements(workers, problem="nothing measured"),
+                      options)
+    planned = copy_and_split(graph, analysis, decision.splits)[1]
+    return describe(make_plan(planned, options, cluster, decision=decision), planned,
+                    read_tables(graph))
+
+
+def test_a_dynamic_embedding_is_named_with_its_parts_one_on_each_server():
+    lines = _table_described(CLUSTER).splitlines()
+    assert lines[2] == ("user: dynamic embedding (dim 4, capacity 101, string ids): 2 parts, one "
+                        "on each server (0, 1), an id's by a hash of it: 50 to 51 rows each, "
+                        "with their ids' keys and the rows' slots")
+    assert lines[4].startswith("user/embedding/part_0  sparse  [51, 4]  816    server 0 (a:1)")
+    assert "    user/embedding/part_1: user/embedding/Adam/part_1, user/embedding/Adam_1/part_1" \
+        in lines
+    one_machine = _table_described(Cluster([0, 0], ["a:1"])).splitlines()
+    assert one_machine[2] == ("user: dynamic embedding (dim 4, capacity 101, string ids): whole "
+                              "on server 0, with its keys and the rows' slots")

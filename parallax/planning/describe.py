@@ -1,22 +1,27 @@
 """`runner.describe()`: the plan as a table of every trained variable — kind, shape, bytes, where
 it lives, how it is synchronized — and, under AUTO, what the cost model predicted for it; then
-every other variable of the graph (slots, global_step, moving averages), and how each follows."""
+every other variable of the graph (slots, global_step, moving averages), and how each follows.
+Before the table, each dynamic embedding and how the plan partitions it."""
 from __future__ import annotations
 
 import textwrap
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
+from parallax.contracts import TableRecord
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.job_plan import Plan, Sync, cost_shape
+from parallax.planning.problem import shard_name
 
 
-def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None) -> str:
+def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None,
+             tables: Sequence[TableRecord] = ()) -> str:
     """A table of every trained variable: kind, shape, bytes, where it lives, how it is
     synchronized; under AUTO also alpha (the share of its rows one worker's batch touches), the
     bytes that its busiest link direction carries in a step as predicted (in each of the step's
     phases, cost.link_phases), and the share of the predicted step those bytes take. With the
-    `analysis` the plan is bound to, the graph's other variables after it."""
+    `analysis` the plan is bound to, the graph's other variables after it; with the graph's
+    dynamic embeddings (contracts.read_tables), a line for each before it."""
     stats = plan.decision.stats if plan.decision is not None else {}
     predicted = _predicted_bytes(plan, stats)
     rows = [("variable", "kind", "shape", "bytes", "lives on", "synchronized by")
@@ -78,7 +83,30 @@ def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None) -> str:
         header += ("\nloss divided by a sum over the batch: by the combined batch's, as on one "
                    f"device: {', '.join(plan.loss_denominators)}")
     other = _other_variables(plan, analysis) if analysis is not None else []
-    return "\n".join([header] + _made_dense(plan) + lines + other)
+    return "\n".join([header] + _dynamic_embeddings(plan, tables) + _made_dense(plan) + lines
+                     + other)
+
+
+def _dynamic_embeddings(plan: Plan, tables: Sequence[TableRecord]) -> List[str]:
+    """A line for each dynamic embedding: what it is, and its parts (the plan splits its
+    variable over every machine's server, rewriting/passes/dynamic_tables.py), each holding the
+    rows and keys of the ids a hash gives it, and its rows' slots."""
+    lines = []
+    for table in tables:
+        parts = []
+        while shard_name(table.variable, len(parts)) in plan.variables:
+            parts.append(shard_name(table.variable, len(parts)))
+        parts = parts or [table.variable]
+        if parts[0] not in plan.variables:  # not trained: among the other variables
+            continue
+        rows = sorted({plan.variables[name].variable.shape[0] for name in parts})
+        servers = ", ".join(str(plan.variables[name].server) for name in parts)
+        where = (f"whole on server {servers}, with its keys" if len(parts) == 1 else
+                 f"{len(parts)} parts, one on each server ({servers}), an id's by a hash of "
+                 f"it: {' to '.join(map(str, rows))} rows each, with their ids' keys")
+        lines.append(f"{table.name}: dynamic embedding (dim {table.dim}, capacity "
+                     f"{table.capacity}, {table.key_dtype} ids): {where} and the rows' slots")
+    return lines
 
 
 def _made_dense(plan: Plan) -> List[str]:
