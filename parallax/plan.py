@@ -63,7 +63,9 @@ def text(answer: Answer, script: str) -> str:
     """The answer as tables: the cluster and measured terms, every variable's method in each
     plan, and each plan's bytes, step, throughput and bound."""
     return "\n".join([*_measured_lines(answer, script), "", *_methods_table(answer), "",
-                      *_plans_table(answer), "", *_auto_lines(answer.plans["AUTO"])])
+                      *_plans_table(answer), "", *_auto_lines(answer.plans["AUTO"]),
+                      *(f"{name}: refused: {plan.refused}" for name, plan in answer.plans.items()
+                        if plan.refused)])
 
 
 def _measured_lines(answer: Answer, script: str) -> List[str]:
@@ -132,7 +134,8 @@ def _plans_table(answer: Answer) -> List[str]:
                              if busiest else ["-", "-"]),
                      "-" if plan.step_ms is None else f"{plan.step_ms:.3g} ms",
                      "-" if plan.examples_per_second is None
-                     else f"{plan.examples_per_second:,.0f}", plan.bound_by or "-"])
+                     else f"{plan.examples_per_second:,.0f}",
+                     plan.bound_by or ("refused" if plan.refused else "-")])
     return _table(rows)
 
 

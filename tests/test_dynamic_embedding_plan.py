@@ -1,17 +1,23 @@
 """The planner prices a dynamic embedding's ids: each worker's step sends its distinct ids to the
 servers that own them and gets their rows back (8 bytes an id each way), which a static table
-of the same rows does not; AUTO plans a graph with a table, and describe() says so."""
+of the same rows does not; AUTO plans a graph with a table without trials, and the plan CLI's
+answer gives every run option's plan but AR's, which it says is refused."""
 import dataclasses
 
 import tensorflow as tf
 
 import parallax
+from parallax import contracts
+from parallax import plan as cli
+from parallax.config import PlanOptions
 from parallax.planning import cost
 from parallax.planning.analysis import analyze
 from parallax.planning.cost import ALLREDUCE, PS, Method, Shape, VariableStats, link_bytes
+from parallax.planning.measure import measure
 from parallax.planning.planner import measure_and_decide
 from parallax.planning.problem import Problem
 from parallax.planning.proposal import by_rule, propose
+from parallax.planning.query import Answer, report
 
 TWO_BY_TWO = Shape(machines=2, workers_per_machine=2)
 DENSE = VariableStats("w", nbytes=1000)
@@ -89,3 +95,20 @@ def test_auto_plans_a_graph_with_a_table_from_its_measured_rows_without_trials()
     assert decision.note.endswith("not timed on the cluster: a plan's dynamic embedding "
                                   "('user') keeps its keys on that plan's servers, which the "
                                   "next plan would start without")
+
+
+def test_the_plan_clis_answer_refuses_ar_and_prices_every_other_plans_parts():
+    graph = _graph()
+    analysis = analyze(graph)
+    measured = measure(graph, analysis, [2, 2], cost.Links(bandwidth=1.25e8))
+    answer = report(graph, analysis, measured, PlanOptions(), None, 4, None, links_given=True)
+    assert answer.plans["AR"].methods == {}
+    assert answer.plans["AR"].refused.startswith(
+        "dynamic embedding 'user': run option AR keeps every variable on the workers")
+    for name in ("PS", "HYBRID", "AUTO"):
+        assert answer.plans[name].methods["user/embedding/part_1"] == Method(PS, (1,))
+        assert answer.plans[name].step_ms > 0
+    assert contracts.from_wire(Answer, contracts.to_wire(answer)) == answer  # its --json
+    lines = cli.text(answer, "tables.py").splitlines()
+    assert lines[-1].startswith("AR: refused: dynamic embedding 'user'")
+    assert [line.split()[-1] for line in lines if line.startswith("AR ")] == ["refused"]

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from parallax.config import PlanOptions
+from parallax.errors import ParallaxError
 from parallax.planning import cost, explanation
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements
@@ -101,6 +102,7 @@ class PlanShown:
     bound_by: Optional[str] = None
     examples_per_second: Optional[float] = None
     rules: Optional[Dict[str, RuleShown]] = None  # AUTO's, against its own choice
+    refused: Optional[str] = None  # why the run option cannot run the graph (then no methods)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,12 +124,17 @@ def report(graph: tf.Graph, analysis: GraphAnalysis, measured: Measurements,
     examples of one worker's batch (None: `batch_problem` says why it is not known);
     `links_given`: the links are the user's, not measured; `fed`: whose feeds were measured,
     for a graph the script feeds."""
-    problems = {run_option: _problem(graph, analysis, measured, options, run_option, step,
-                                     links_given) for run_option in RUN_OPTIONS}
-    first = problems["AUTO"]
-    plans = {name: _plan(problem, propose(problem) if _searched(options, name)
-                         else by_rule(problem), batch, auto=name == "AUTO")
-             for name, problem in problems.items()}
+    problems, plans = {}, {}
+    for name in RUN_OPTIONS:
+        try:
+            problem = problems[name] = _problem(graph, analysis, measured, options, name, step,
+                                                links_given)
+        except ParallaxError as refused:  # AR, of a dynamic embedding, which servers hold
+            plans[name] = PlanShown({}, None, "", refused=str(refused))
+            continue
+        plans[name] = _plan(problem, propose(problem) if _searched(options, name)
+                            else by_rule(problem), batch, auto=name == "AUTO")
+    first = problems["AUTO"]  # AUTO plans any graph
     return Answer(
         cluster=ClusterAsked(first.shape.machines, first.shape.workers_per_machine,
                              first.links, not links_given, first.inside, first.cores),
