@@ -27,11 +27,13 @@ from tensorflow.python.ops import gradients_util as _gradients_util
 from tensorflow.python.ops.resource_variable_ops import is_resource_variable
 # A Saver's name -> saveable map of a var_list, as Saver builds it: not exported.
 from tensorflow.python.training.saving.saveable_object_util import op_list_to_dict
+# What a Saver saves that is not a variable (a dynamic embedding's keys): not exported.
+from tensorflow.python.training.saving.saveable_object import SaveableObject, SaveSpec
 
 __all__ = [
     "timeline", "SessionInterface", "import_scoped_meta_graph", "is_resource_variable",
-    "op_list_to_dict", "update_input", "add_control_inputs", "set_control_inputs",
-    "control_outputs", "set_device", "set_attr", "creation_index", "has_function",
+    "op_list_to_dict", "SaveableObject", "SaveSpec", "update_input", "add_control_inputs",
+    "set_control_inputs", "control_outputs", "set_device", "set_attr", "creation_index", "has_function",
     "get_function", "control_flow_context", "in_control_flow_context_of", "default_session",
     "save_slice_info", "gradients_helper", "set_gradients_helper", "registered_gradient",
     "set_registered_gradient", "PRIVATE_NAMES"]
@@ -46,6 +48,8 @@ PRIVATE_NAMES = [
     ("tensorflow.python.framework.meta_graph", "import_scoped_meta_graph", "callable"),
     ("tensorflow.python.ops.resource_variable_ops", "is_resource_variable", "callable"),
     ("tensorflow.python.training.saving.saveable_object_util", "op_list_to_dict", "callable"),
+    ("tensorflow.python.training.saving.saveable_object", "SaveableObject", "class"),
+    ("tensorflow.python.training.saving.saveable_object", "SaveSpec", "class"),
     ("tensorflow.python.ops.gradients_util", "_GradientsHelper", "callable"),
     ("tensorflow.python.framework.ops", "_gradient_registry._registry", "dict"),
     ("tensorflow.python.framework.ops", "Operation._update_input", "callable"),

@@ -228,11 +228,11 @@ WORKER_BATCH = 6  # examples of two ids each
 STEPS = 4
 
 
-def _combined_batches():
-    """Each step's combined batch: ids drawn from a growing range, so new ids come every step,
-    with repeats across workers."""
-    draws = np.random.RandomState(7)
-    return [draws.randint(0, 8 + 10 * step, size=(2 * WORKER_BATCH, 2)).astype(np.int64)
+def _combined_batches(seed=7, first=0):
+    """Each step's combined batch: ids from `first` on, drawn from a growing range, so new ids
+    come every step, with repeats across workers."""
+    draws = np.random.RandomState(seed)
+    return [first + draws.randint(0, 8 + 10 * step, size=(2 * WORKER_BATCH, 2)).astype(np.int64)
             for step in range(STEPS)]
 
 
@@ -251,7 +251,7 @@ def _model(key_dtype=tf.int64):
         train = tf.compat.v1.train.AdagradOptimizer(0.2).minimize(
             loss, global_step=tf.compat.v1.train.get_or_create_global_step())
         fetches = {"train": train, "export": table.export(), "size": table.size(),
-                   "weight": weight}
+                   "weight": weight, "saver": tf.compat.v1.train.Saver()}
     return graph, ids, fetches
 
 
@@ -311,3 +311,75 @@ def test_run_option_ar_refuses_a_table_naming_it_and_the_options_that_take_it():
                                             ".*run_option PS, HYBRID or AUTO"):
         driver.make_job_plans(graph, analyze(graph), "127.0.0.1:0,1", config.plan_options,
                               config.launch_settings)
+
+
+def _one_device(batches, restore=None, save=None):
+    """The model trained on `batches` in a plain session (from checkpoint `restore`, saved
+    to `save`): its rows by id."""
+    graph, ids, fetches = _model()
+    with graph.as_default(), tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        if restore:
+            fetches["saver"].restore(session, restore)
+        for batch in batches:
+            session.run(fetches["train"], {ids: batch})
+        if save:
+            fetches["saver"].save(session, save)
+        return _by_key(*session.run(fetches["export"]))
+
+
+def _job(resources, batches, restore=None, save=None):
+    """The same under Parallax (PS) on `resources`, each worker on its share of each batch:
+    worker 0's rows by id."""
+    import in_process
+    workers = len(resources.split(";"))
+
+    def work():
+        graph, ids, fetches = _model()
+        runner = parallax.get_runner(graph, resources, parallax.Config(run_option="PS"))
+        worker, share = contracts.read_cluster().worker_id, len(batches[0]) // workers
+        if restore:
+            fetches["saver"].restore(runner, restore)
+        for batch in batches:
+            runner.run(fetches["train"], {ids: batch[worker * share:(worker + 1) * share]})
+        if save:
+            fetches["saver"].save(runner, save)
+        return _by_key(*runner.run(fetches["export"]))
+
+    return in_process.run_workers(_model()[0], resources, parallax.Config(run_option="PS"),
+                                  work)[0]
+
+
+def test_a_checkpoint_holds_a_table_as_one_device_lays_it_out(tmp_path):
+    """A Saver's checkpoint of a job of two servers restores onto the same job (the rows it
+    had), onto three servers (each id moved to its part there) and onto one device, each
+    going on as the job that was not interrupted; and a program without Parallax reads the
+    ids and their rows from it."""
+    # 8 steps: 4 before the checkpoint, 4 after with ids old and new
+    batches = _combined_batches() + _combined_batches(seed=8, first=20)
+    checkpoint = str(tmp_path / "model")
+    through = _one_device(batches)
+    saved = _job("127.0.0.1:0;127.0.0.2:0", batches[:4], save=checkpoint)
+
+    keys = tf.train.load_variable(checkpoint, "user/keys-keys")
+    rows = tf.train.load_variable(checkpoint, "user/keys-values")
+    values = tf.train.load_variable(checkpoint, "user/embedding")
+    assert sorted(rows.tolist()) == list(range(len(keys)))  # one device's rows 0..n-1
+    served = _by_key(keys, values[rows])
+    assert sorted(served) == sorted(saved)
+    for key, row in saved.items():
+        np.testing.assert_array_equal(served[key], row)
+
+    resumed = _job("127.0.0.1:0;127.0.0.2:0", batches[4:], restore=checkpoint)
+    uninterrupted = _job("127.0.0.1:0;127.0.0.2:0", batches)
+    assert sorted(resumed) == sorted(uninterrupted)
+    for key, row in uninterrupted.items():  # bit for bit
+        np.testing.assert_array_equal(resumed[key], row, err_msg=str(key))
+    for resumed in (resumed,
+                    _job("127.0.0.1:0;127.0.0.2:0;127.0.0.3:0", batches[4:],
+                         restore=checkpoint),
+                    _one_device(batches[4:], restore=checkpoint)):
+        assert sorted(resumed) == sorted(through)
+        for key, row in through.items():
+            np.testing.assert_allclose(resumed[key], row, rtol=1e-5, atol=1e-6,
+                                       err_msg=str(key))

@@ -10,6 +10,7 @@ import tensorflow as tf
 from parallax import tf_private
 from parallax.graph_copy import within_task
 from parallax.rewriting import split_variables
+from parallax.rewriting.passes import dynamic_tables
 
 Element = Union[tf.Tensor, tf.Operation]
 
@@ -101,3 +102,4 @@ class GraphMap:
             attr = tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(s=groups))
             tf_private.set_attr(self._ops[name], "_class", attr)
         split_variables.rewrite_uses(self.copy)  # new ops on a split variable (a Saver's)
+        dynamic_tables.rewrite_uses(self.copy)  # and on a dynamic embedding's keys

@@ -17,6 +17,7 @@ import tensorflow as tf
 from parallax import contracts, tf_private
 from parallax.config import CheckpointConfig
 from parallax.rewriting import split_variables
+from parallax.rewriting.passes import dynamic_tables
 from parallax.runtime import input_position
 from parallax.runtime.input_position import Iterators, Record
 
@@ -71,8 +72,13 @@ class Checkpointer:
                           for member in family.members for j in range(family.shards)}
                 saved = tf_private.op_list_to_dict([v for v in saved if v.op.name not in shards])
                 saved.update(whole)
+            tables = dynamic_tables.keys_saveables(graph)  # their keys, beside their rows
+            if tables:
+                saved = tf_private.op_list_to_dict(saved) if isinstance(saved, list) else saved
+                saved.update(tables)
             self._saver = tf.compat.v1.train.Saver(saved, max_to_keep=3)
             split_variables.rewrite_uses(graph)
+            dynamic_tables.rewrite_uses(graph)  # a table saved as on one device
 
     def restore(self, session) -> bool:
         """The chief loads the variables of the checkpoint to resume from, if any; True when
