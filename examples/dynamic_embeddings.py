@@ -42,6 +42,7 @@ def dense(inputs: tf.Tensor, units: int, name: str) -> tf.Tensor:
 def build(capacity: int = CAPACITY) -> tf.Graph:
     graph = tf.Graph()
     with graph.as_default():
+        tf.compat.v1.set_random_seed(0)  # the dense layers' first values: a reproducible demo
         dataset = tf.data.Dataset.from_tensor_slices(criteo_like(EXAMPLES)).repeat()
         ids, labels = tf.compat.v1.data.make_one_shot_iterator(
             parallax.shard(dataset).batch(BATCH_PER_WORKER)).get_next(name="batch")
@@ -74,9 +75,10 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--single", action="store_true",
                         help="train on one device, in a plain session")
+    parser.add_argument("--ckpt-dir", help="save checkpoints here (and resume from them)")
+    parser.add_argument("--save-steps", type=int, default=10)
     options = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.set_random_seed(0)
     graph = build()
     train, loss, held = (graph.get_collection(name)[0] for name in ("train", "loss", "ids_held"))
     if options.single:
@@ -85,11 +87,16 @@ def main():
             session.run(tf.compat.v1.global_variables_initializer())
         run, chief = session.run, True
     else:
-        runner = parallax.get_runner(graph, options.resources,
-                                     parallax.Config(run_option=options.run_option))
+        checkpoints = parallax.CheckpointConfig(
+            ckpt_dir=options.ckpt_dir, save_ckpt_steps=options.save_steps
+        ) if options.ckpt_dir else parallax.CheckpointConfig()
+        runner = parallax.get_runner(graph, options.resources, parallax.Config(
+            run_option=options.run_option, ckpt_config=checkpoints))
         run, chief = runner.run, runner.is_chief
-    for step in range(1, options.steps + 1):
+    step = run(tf.compat.v1.train.get_global_step(graph))  # a resumed job goes on from there
+    while step < options.steps:
         _, loss_value = run([train, loss])
+        step += 1
         if chief and (step == 1 or step % 10 == 0):
             print(f"step {step:4d}  loss {loss_value:.4f}  ids in the table {run(held)}",
                   flush=True)

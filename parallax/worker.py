@@ -244,8 +244,9 @@ def _runner(user_graph: tf.Graph, graph: tf.Graph, analysis: GraphAnalysis, plan
     synchronization = {name: p.sync.value for name, p in plan.variables.items()}
     profiler = (Profiler(runtime.profile_config, cluster.worker_id, graph)
                 if runtime.profile_config and first else None)
+    description = describe(plan, analysis, contracts.read_tables(user_graph))
     return ParallaxRunner(GraphMap(user_graph, graph), session, cluster.num_workers,
-                          cluster.worker_id, describe(plan, analysis), checkpointer,
+                          cluster.worker_id, description, checkpointer,
                           analysis.training_writes, heartbeat, synchronization, profiler,
                           check_input=runtime.warn_unsharded_input, recorder=recorder)
 

@@ -1,11 +1,14 @@
 """The dynamic embeddings' example as its users run it: on one device in a plain session, and
 under `python -m parallax.verify` on two machines of two workers, its two tables on the servers
-compared with one device id by id (examples/dynamic_embeddings.py)."""
+compared with one device id by id; and a job of it resumed from its checkpoint
+(examples/dynamic_embeddings.py)."""
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import REPO
 
@@ -31,3 +34,42 @@ def test_the_example_trains_on_one_device_and_verifies_against_it_distributed():
                  "first_order/embedding", "first_order/keys", "deep/kernel"):
         assert f"\n{name} " in report, report
     assert "PASS: all 15 variables of the 4 workers" in report, report
+
+
+def _train(ckpt_dir, steps):
+    done = subprocess.run([sys.executable, EXAMPLE, "--resources", "127.0.0.1:0,1;127.0.0.2:0,1",
+                           "--steps", str(steps), "--ckpt-dir", str(ckpt_dir),
+                           "--save-steps", "5"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def _tables(ckpt_dir, step):
+    """Each table's rows by id, and the other variables, of the checkpoint of `step`."""
+    path = str(ckpt_dir / f"model-{step}")
+    values = {}
+    for table in ("embeddings", "first_order"):
+        keys = tf.train.load_variable(path, f"{table}/keys-keys")
+        rows = tf.train.load_variable(path, f"{table}/keys-values")
+        order = np.argsort(keys)
+        values[f"{table}/keys"] = keys[order]
+        for name in (f"{table}/embedding", f"{table}/embedding/Adagrad"):
+            values[name] = tf.train.load_variable(path, name)[rows[order]]
+    for name in ("deep/kernel", "out/kernel", "global_step"):
+        values[name] = tf.train.load_variable(path, name)
+    return values
+
+
+def test_a_job_resumed_from_its_checkpoint_ends_as_the_job_run_through(tmp_path):
+    """Parallax's checkpoints of the example (4 workers, 2 servers): 15 steps run through,
+    and 10 steps then 5 more resumed from the checkpoint of step 10 (its tables' keys, rows,
+    slots and the input's position), end bit for bit alike."""
+    _train(tmp_path / "through", 15)
+    _train(tmp_path / "resumed", 10)
+    output = _train(tmp_path / "resumed", 15)
+    assert "resumed from checkpoint" in output, output[-3000:]
+    through, resumed = _tables(tmp_path / "through", 15), _tables(tmp_path / "resumed", 15)
+    assert len(through["embeddings/keys"]) > 1000
+    for name, value in through.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)

@@ -260,12 +260,16 @@ def keys_saveables(graph: tf.Graph) -> Dict[str, tf_private.SaveableObject]:
     for a Saver built on the rewritten graph (runtime/checkpoint.py)."""
     saveables = {}
     for record in read_tables(graph):
-        keys, rows = (replacement(graph, name) or graph.get_tensor_by_name(name)
-                      for name in record.exported)
+        keys, rows = (_stand_in_of(graph, name) for name in record.exported)
         saveables[f"{record.name}/keys"] = _KeysSaveable(
             graph.get_operation_by_name(record.keys).outputs[0], keys, rows,
             f"{record.name}/keys")
     return saveables
+
+
+def _stand_in_of(graph: tf.Graph, name: str) -> tf.Tensor:
+    stand_in_tensor = replacement(graph, name)
+    return graph.get_tensor_by_name(name) if stand_in_tensor is None else stand_in_tensor
 
 
 class _KeysSaveable(tf_private.SaveableObject):
