@@ -31,12 +31,16 @@ class PSConfig:
         step's gradient (Adam's decay of its slots over the whole table) waits for the
         gradient's aggregate, running while the workers communicate instead of while they
         compute on the cores the server shares (passes/defer_server_work.py).
+    server_memory_bytes: the most bytes of variables (with their optimizer slots) one server
+        may hold; the driver refuses a plan that puts more on one, naming it and the largest
+        variable there (a dynamic embedding's part is capacity/servers rows). None: no limit.
     """
 
     local_aggregation: bool = True
     post_aggregation_placement: bool = True
     boundary_between_workers_and_servers: bool = True
     defer_gradient_free_server_work: bool = True
+    server_memory_bytes: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -176,6 +180,11 @@ class PlanOptions:
         if not isinstance(self.ps_config, PSConfig):
             raise ConfigError("ps_config",
                               f"ps_config must be a parallax.PSConfig, got {self.ps_config!r}")
+        limit = self.ps_config.server_memory_bytes
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit <= 0):
+            raise ConfigError("ps_config", "PSConfig(server_memory_bytes=...) must be a "
+                              f"number of bytes > 0 (None: no limit), got {limit!r}")
 
     @property
     def decides(self) -> bool:

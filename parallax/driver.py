@@ -17,7 +17,7 @@ from parallax.cluster import Cluster
 from parallax.config import Config, PlanOptions
 from parallax.contracts import read_tables
 from parallax.errors import ParallaxError
-from parallax.planning import cost
+from parallax.planning import cost, server_memory
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.measure import Measurements, input_batch, measure, unmeasurable
 from parallax.partitioner import partitioned_variables
@@ -27,6 +27,7 @@ from parallax.planning.planner import decide
 from parallax.planning.problem import Cores
 from parallax.planning.query import FedSteps, report
 from parallax.rewriting.split_variables import copy_and_split
+from parallax.runtime import input_position
 from parallax.runtime.query_runner import QueryRunner
 from runner.settings import Settings
 
@@ -35,6 +36,11 @@ def run(graph: tf.Graph, analysis: GraphAnalysis, resources: str, config: Config
         ) -> NoReturn:
     settings = config.launch_settings
     plans = make_job_plans(graph, analysis, resources, config.plan_options, settings)
+    server_memory.check_server_memory(graph, plans[0],
+                                      config.plan_options.ps_config.server_memory_bytes)
+    if config.ckpt_config.ckpt_dir:
+        server_memory.check_checkpoint(
+            graph, input_position.resume_point(config.ckpt_config.ckpt_dir)[0])
     for warning in warnings(plans[0], analysis):
         launch.say(f"warning: {warning}")
     cluster = plans[0].cluster

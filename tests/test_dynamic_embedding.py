@@ -383,3 +383,39 @@ def test_a_checkpoint_holds_a_table_as_one_device_lays_it_out(tmp_path):
         for key, row in through.items():
             np.testing.assert_allclose(resumed[key], row, rtol=1e-5, atol=1e-6,
                                        err_msg=str(key))
+
+
+def test_the_driver_refuses_a_server_over_its_memory_and_a_checkpoint_of_another_shape(
+        tmp_path):
+    from parallax import driver
+    from parallax.planning import server_memory
+    from parallax.planning.analysis import analyze
+    graph = _model()[0]
+    config = parallax.Config(run_option="PS")
+    plan = driver.make_job_plans(graph, analyze(graph), "127.0.0.1:0;127.0.0.2:0",
+                                 config.plan_options, config.launch_settings)[0]
+    held = server_memory.held_bytes(graph, plan)
+    # user/embedding: 256 rows of 4 floats and an Adagrad slot, half on each server
+    assert sorted(held) == [0, 1]
+    assert [held[server]["user/embedding"] for server in (0, 1)] == [128 * 4 * 4 * 2] * 2
+    most = max(sum(variables.values()) for variables in held.values())
+    server_memory.check_server_memory(graph, plan, most)
+    with pytest.raises(ParallaxError, match=r"dynamic embedding 'user': its part on server \d "
+                                            r"\(capacity 256, dim 4, with its slots\) .*more "
+                                            rf"than PSConfig\(server_memory_bytes={most - 1}\)"):
+        server_memory.check_server_memory(graph, plan, most - 1)
+    with pytest.raises(parallax.ConfigError, match="server_memory_bytes"):
+        parallax.Config(ps_config=parallax.PSConfig(server_memory_bytes=0))
+
+    checkpoint = str(tmp_path / "model")
+    _one_device(_combined_batches()[:1], save=checkpoint)
+    server_memory.check_checkpoint(graph, checkpoint)
+    for dim, capacity, what in [(8, 256, r"holds rows of \[4\], the table's are of dim 8"),
+                                (4, 128, "holds [0-9]+ ids in a table of capacity 256, the "
+                                         "table's capacity is 128")]:
+        other = tf.Graph()
+        with other.as_default():
+            parallax.dynamic_embedding("user", dim=dim, capacity=capacity)
+        with pytest.raises(ParallaxError, match=f"dynamic embedding 'user': the checkpoint "
+                                                f".*model {what}"):
+            server_memory.check_checkpoint(other, checkpoint)
