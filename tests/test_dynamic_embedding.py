@@ -2,6 +2,8 @@
 equal. A table trains as a static table whose rows start at the ids' first values would; a new
 id's first row depends on the id and the table alone; a Saver resumes it bit for bit; bad input
 is refused naming the table."""
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -419,3 +421,28 @@ def test_the_driver_refuses_a_server_over_its_memory_and_a_checkpoint_of_another
         with pytest.raises(ParallaxError, match=f"dynamic embedding 'user': the checkpoint "
                                                 f".*model {what}"):
             server_memory.check_checkpoint(other, checkpoint)
+
+
+def test_asynchronous_training_gives_each_id_one_row_on_its_server():
+    """Config(sync=False): each worker's steps apply on their own, but an id seen by both
+    workers at once still gets one row, on its part's server."""
+    import in_process
+    batches = _combined_batches()
+    config = parallax.Config(run_option="PS", sync=False)
+
+    def work():
+        graph, ids, fetches = _model()
+        runner = parallax.get_runner(graph, "127.0.0.1:0;127.0.0.2:0", config)
+        worker = contracts.read_cluster().worker_id
+        for batch in batches:
+            runner.run(fetches["train"],
+                       {ids: batch[worker * WORKER_BATCH:(worker + 1) * WORKER_BATCH]})
+        both_trained.wait(timeout=in_process.TIMEOUT_SECS)  # no step agreement to wait for
+        return runner.run([fetches["export"], fetches["size"]])
+
+    both_trained = threading.Barrier(2)
+    distinct = set(np.concatenate(batches).ravel().tolist())
+    for (keys, values), size in in_process.run_workers(_model()[0], "127.0.0.1:0;127.0.0.2:0",
+                                                       config, work):
+        assert size == len(distinct) and sorted(keys.tolist()) == sorted(distinct)
+        assert np.isfinite(values).all()
