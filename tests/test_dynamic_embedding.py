@@ -1,7 +1,9 @@
-"""parallax.dynamic_embedding on one device, in a plain session: what a distributed job must
-equal. A table trains as a static table whose rows start at the ids' first values would; a new
+"""parallax.dynamic_embedding on one device, in a plain session, which a distributed job must
+equal: a table trains as a static table whose rows start at the ids' first values would; a new
 id's first row depends on the id and the table alone; a Saver resumes it bit for bit; bad input
-is refused naming the table."""
+is refused naming the table. Then under Parallax, its workers threads of this process
+(tests/in_process.py): the table on the servers equals one device, its checkpoints restore onto
+other clusters, the driver refuses what would not fit."""
 import threading
 
 import numpy as np
