@@ -250,8 +250,10 @@ def _model(key_dtype=tf.int64):
         weight = tf.compat.v1.get_variable("weight", [2 * DIM, 1],
                                            initializer=tf.compat.v1.constant_initializer(0.2))
         labels = tf.cast(tf.math.floormod(ids[:, 0], 2), tf.float32)
+        # A second lookup of the table (a sequence model's targets, say): a term of its own.
+        second = tf.reduce_sum(table.lookup(keys[:, 1]), 1)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-            labels=labels, logits=tf.reshape(tf.matmul(rows, weight), [-1])))
+            labels=labels, logits=tf.reshape(tf.matmul(rows, weight), [-1]) + 0.1 * second))
         train = tf.compat.v1.train.AdagradOptimizer(0.2).minimize(
             loss, global_step=tf.compat.v1.train.get_or_create_global_step())
         fetches = {"train": train, "export": table.export(), "size": table.size(),

@@ -19,7 +19,7 @@ which row an id was given, so the two forms compute the same values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -54,6 +54,7 @@ class DynamicEmbedding:
         # Named whole, as a Saver names its keys in a checkpoint: '<name>/keys-keys'.
         self.keys = tf.lookup.experimental.MutableHashTable(
             key_dtype, tf.int64, default_value=-1, name=f"{name}/keys")
+        self._given: List[tf.Tensor] = []  # each lookup's rows of its distinct ids
         with tf.compat.v1.name_scope(name):
             exported = self.keys.export()
         self._record = TableRecord(
@@ -81,8 +82,12 @@ class DynamicEmbedding:
         with tf.name_scope(name or f"{self.name}_lookup"):
             flat = tf.reshape(values, [-1])
             unique, position = tf.unique(flat, out_idx=tf.int64)
-            given, write = give_rows(unique, self.keys.resource_handle, self.variable.handle,
-                                     self._record)
+            # A table's lookups give rows one after the other, not at once (two giving the
+            # same new id a row each).
+            with tf.control_dependencies(self._given[-1:]):
+                given, write = give_rows(unique, self.keys.resource_handle,
+                                         self.variable.handle, self._record)
+            self._given.append(given)
             rows = tf.gather(given, position, name="rows")
             self._record.lookups.append([unique.name, given.name])
             self._record.first_values.append(write.name)

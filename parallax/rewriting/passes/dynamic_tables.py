@@ -19,7 +19,7 @@ number of servers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -86,11 +86,13 @@ def rewrite_uses(graph: tf.Graph) -> None:
 
 @dataclasses.dataclass
 class _Part:
-    """A part's keys (a handle) beside its rows (a handle), on their server."""
+    """A part's keys (a handle) beside its rows (a handle), on their server, and the lock its
+    rows are given in (where this graph gives them)."""
     record: TableRecord
     index: int
     rows: tf.Tensor
     keys: tf.Tensor
+    lock: Optional[tf.CriticalSection] = None
 
     @property
     def device(self) -> str:
@@ -107,7 +109,10 @@ class _Part:
             keys = tf.raw_ops.MutableHashTableV2(
                 key_dtype=tf.as_dtype(record.key_dtype), value_dtype=tf.int64,
                 shared_name=name, use_node_name_sharing=False, name=name)
-        return cls(record, index, rows, keys)
+            # One for all the table's lookups: TensorFlow refuses two critical sections
+            # of one graph on the same resources.
+            lock = tf.CriticalSection(name=f"{name}/lock", shared_name=f"{name}/lock")
+        return cls(record, index, rows, keys, lock)
 
     @classmethod
     def found(cls, graph: tf.Graph, record: TableRecord) -> List["_Part"]:
@@ -117,11 +122,9 @@ class _Part:
                 for j, rows in enumerate(handles) if cls.keys_name(record, j) in names]
 
     def give(self, unique: tf.Tensor, parts: int) -> tf.Tensor:
-        name = self.keys_name(self.record, self.index) + "/lock"
         with tf.device(self.device):
-            lock = tf.CriticalSection(name=name, shared_name=name)
             return give_rows(unique, self.keys, self.rows, self.record, self.index, parts,
-                             lock)[0]
+                             self.lock)[0]
 
 
 def _row_handles(graph: tf.Graph, record: TableRecord) -> List[tf.Tensor]:
@@ -202,7 +205,7 @@ def _as_one_device(graph: tf.Graph, op: tf.Operation, record: TableRecord,
         with tf.device(part.device):
             imports.append(tf.raw_ops.LookupTableImportV2(
                 table_handle=part.keys, keys=split_keys[j], values=split_rows[j]))
-    for reader in _script_imports(graph, record, keys):
+    for reader in _script_imports(record, keys):
         for waiting in tf_private.control_outputs(reader):
             tf_private.add_control_inputs(waiting, imports)
 
@@ -241,7 +244,7 @@ def _laid_out(keys: tf.Tensor, parts: List[_Part]) -> tf.Tensor:
     return tf.dynamic_stitch(positions, given)
 
 
-def _script_imports(graph: tf.Graph, record: TableRecord, keys: tf.Tensor) -> List[tf.Operation]:
+def _script_imports(record: TableRecord, keys: tf.Tensor) -> List[tf.Operation]:
     """The imports of restored `keys` into the script's table (which the parts replace)."""
     return [op for op in keys.consumers() if op.type == "LookupTableImportV2"
             and op.inputs[0].op.name == record.keys]
