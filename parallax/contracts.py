@@ -507,8 +507,10 @@ class TableRecord:
     variable: str  # the rows' variable's op
     keys: str  # the hash table's op
     initializer: Dict[str, Any]  # embeddings.initial_rows.RowInitializer's fields
-    # Each lookup's distinct ids and their rows (tensor names), which the rewrite gives out
-    # on the servers instead.
+    min_count: int = 1  # the steps an id is seen in before it gets a row
+    seen: str = ""  # where min_count > 1, the hash table of ids' counts (op)
+    # Each lookup's distinct ids, their rows and the step it counts them in (tensor names; no
+    # step where min_count is 1), which the rewrite gives out on the servers instead.
     lookups: List[List[str]] = dataclasses.field(default_factory=list)
     # The writes of new ids' first values (ops): from the ids alone, whichever worker writes
     # them, so the analysis does not count them as writes from the batch.

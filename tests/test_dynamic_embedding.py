@@ -240,10 +240,12 @@ def _combined_batches(seed=7, first=0):
             for step in range(STEPS)]
 
 
-def _model(key_dtype=tf.int64):
+def _model(key_dtype=tf.int64, min_count=1):
     graph = tf.Graph()
     with graph.as_default():
-        table = parallax.dynamic_embedding("user", dim=DIM, capacity=256, key_dtype=key_dtype)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        table = parallax.dynamic_embedding("user", dim=DIM, capacity=256, key_dtype=key_dtype,
+                                           min_count=min_count)
         ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
         keys = tf.strings.as_string(ids) if key_dtype == tf.string else ids
         rows = tf.reshape(table.lookup(keys), [-1, 2 * DIM])
@@ -254,8 +256,7 @@ def _model(key_dtype=tf.int64):
         second = tf.reduce_sum(table.lookup(keys[:, 1]), 1)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
             labels=labels, logits=tf.reshape(tf.matmul(rows, weight), [-1]) + 0.1 * second))
-        train = tf.compat.v1.train.AdagradOptimizer(0.2).minimize(
-            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        train = tf.compat.v1.train.AdagradOptimizer(0.2).minimize(loss, global_step=global_step)
         fetches = {"train": train, "export": table.export(), "size": table.size(),
                    "weight": weight, "saver": tf.compat.v1.train.Saver()}
     return graph, ids, fetches
@@ -319,10 +320,10 @@ def test_run_option_ar_refuses_a_table_naming_it_and_the_options_that_take_it():
                               config.launch_settings)
 
 
-def _one_device(batches, restore=None, save=None):
+def _one_device(batches, restore=None, save=None, min_count=1):
     """The model trained on `batches` in a plain session (from checkpoint `restore`, saved
     to `save`): its rows by id."""
-    graph, ids, fetches = _model()
+    graph, ids, fetches = _model(min_count=min_count)
     with graph.as_default(), tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
         if restore:
@@ -334,14 +335,14 @@ def _one_device(batches, restore=None, save=None):
         return _by_key(*session.run(fetches["export"]))
 
 
-def _job(resources, batches, restore=None, save=None):
+def _job(resources, batches, restore=None, save=None, min_count=1):
     """The same under Parallax (PS) on `resources`, each worker on its share of each batch:
     worker 0's rows by id."""
     import in_process
     workers = len(resources.split(";"))
 
     def work():
-        graph, ids, fetches = _model()
+        graph, ids, fetches = _model(min_count=min_count)
         runner = parallax.get_runner(graph, resources, parallax.Config(run_option="PS"))
         worker, share = contracts.read_cluster().worker_id, len(batches[0]) // workers
         if restore:
@@ -450,3 +451,30 @@ def test_asynchronous_training_gives_each_id_one_row_on_its_server():
                                                        config, work):
         assert size == len(distinct) and sorted(keys.tolist()) == sorted(distinct)
         assert np.isfinite(values).all()
+
+
+def test_with_min_count_an_id_gets_a_row_at_the_step_it_is_seen_in_that_many_times(tmp_path):
+    """min_count=2 on one device: an id seen in one step (however often in it) has no row and
+    looks up its first value; at its second step it gets its row. Under Parallax (two
+    servers, each counting its own ids' steps, a step once whichever workers see it) the same
+    ids get rows with the same values, and the counts go on through a checkpoint restored on
+    three servers."""
+    steps = [np.array([[1, 1], [2, 3]] * 6), np.array([[1, 4], [5, 5]] * 6),
+             np.array([[3, 4], [6, 2]] * 6), np.array([[7, 6], [6, 1]] * 6)]
+    graph, ids, fetches = _model(min_count=2)
+    with graph.as_default(), tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        held = []
+        for batch in steps:
+            session.run(fetches["train"], {ids: batch})
+            held.append(sorted(session.run(fetches["export"])[0].tolist()))
+    assert held == [[], [1], [1, 2, 3, 4], [1, 2, 3, 4, 6]]
+
+    through = _one_device(steps, min_count=2)
+    checkpoint = str(tmp_path / "model")
+    _job("127.0.0.1:0;127.0.0.2:0", steps[:2], save=checkpoint, min_count=2)
+    resumed = _job("127.0.0.1:0;127.0.0.2:0;127.0.0.3:0", steps[2:], restore=checkpoint,
+                   min_count=2)
+    assert sorted(resumed) == sorted(through) == [1, 2, 3, 4, 6]
+    for key, row in through.items():
+        np.testing.assert_allclose(resumed[key], row, rtol=1e-5, atol=1e-6, err_msg=str(key))

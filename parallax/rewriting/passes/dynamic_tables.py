@@ -52,12 +52,13 @@ def give_rows_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
         with graph.as_default():
             parts = [_Part.make(record, j, handle)
                      for j, handle in enumerate(_row_handles(graph, record))]
-            for unique_name, given_name in record.lookups:
+            for unique_name, given_name, step_name in record.lookups:
                 unique, given = (graph.get_tensor_by_name(name)
                                  for name in (unique_name, given_name))
+                step = graph.get_tensor_by_name(step_name) if step_name else None
                 consumers = list(given.consumers())
                 with tf.device(unique.op.device), tf.name_scope(f"{record.name}_parts"):
-                    reroute(given, _rows(unique, parts), consumers)
+                    reroute(given, _rows(unique, parts, step), consumers)
     rewrite_uses(graph)
     return graph
 
@@ -71,11 +72,13 @@ def rewrite_uses(graph: tf.Graph) -> None:
         if not parts:
             continue
         with graph.as_default(), tf.name_scope(f"{record.name}_parts"):
-            script_keys = graph.get_operation_by_name(record.keys).outputs[0]
-            for op in list(script_keys.consumers()):
-                if f"{record.name}:{op.name}" not in done:
-                    done.append(f"{record.name}:{op.name}")
-                    _read_parts(graph, op, record, parts)
+            for table in filter(None, (record.keys, record.seen)):
+                for op in list(graph.get_operation_by_name(table).outputs[0].consumers()):
+                    if f"{record.name}:{op.name}" not in done:
+                        done.append(f"{record.name}:{op.name}")
+                        _read_parts(graph, op, record, [
+                            part.keys if table == record.keys else part.seen
+                            for part in parts])
             if len(parts) > 1:
                 for op in graph.get_operations():
                     if op.type in ("SaveV2", "RestoreV2") and \
@@ -86,12 +89,14 @@ def rewrite_uses(graph: tf.Graph) -> None:
 
 @dataclasses.dataclass
 class _Part:
-    """A part's keys (a handle) beside its rows (a handle), on their server, and the lock its
-    rows are given in (where this graph gives them)."""
+    """A part's keys (a handle) beside its rows (a handle), on their server, with its counts
+    of ids without a row (min_count), and the lock its rows are given in (where this graph
+    gives them)."""
     record: TableRecord
     index: int
     rows: tf.Tensor
     keys: tf.Tensor
+    seen: Optional[tf.Tensor] = None
     lock: Optional[tf.CriticalSection] = None
 
     @property
@@ -99,8 +104,8 @@ class _Part:
         return self.rows.op.device
 
     @staticmethod
-    def keys_name(record: TableRecord, index: int) -> str:
-        return f"{record.name}/keys/part_{index}"
+    def keys_name(record: TableRecord, index: int, table: str = "keys") -> str:
+        return f"{record.name}/{table}/part_{index}"
 
     @classmethod
     def make(cls, record: TableRecord, index: int, rows: tf.Tensor) -> "_Part":
@@ -109,22 +114,36 @@ class _Part:
             keys = tf.raw_ops.MutableHashTableV2(
                 key_dtype=tf.as_dtype(record.key_dtype), value_dtype=tf.int64,
                 shared_name=name, use_node_name_sharing=False, name=name)
+            seen = None
+            if record.min_count > 1:
+                seen_name = cls.keys_name(record, index, "seen")
+                seen = tf.raw_ops.MutableHashTableOfTensorsV2(
+                    key_dtype=tf.as_dtype(record.key_dtype), value_dtype=tf.int64,
+                    value_shape=[2], shared_name=seen_name, use_node_name_sharing=False,
+                    name=seen_name)
             # One for all the table's lookups: TensorFlow refuses two critical sections
             # of one graph on the same resources.
             lock = tf.CriticalSection(name=f"{name}/lock", shared_name=f"{name}/lock")
-        return cls(record, index, rows, keys, lock)
+        return cls(record, index, rows, keys, seen, lock)
 
     @classmethod
     def found(cls, graph: tf.Graph, record: TableRecord) -> List["_Part"]:
         names = {op.name for op in graph.get_operations()}
         handles = _row_handles(graph, record)
-        return [cls(record, j, rows, graph.get_tensor_by_name(cls.keys_name(record, j) + ":0"))
-                for j, rows in enumerate(handles) if cls.keys_name(record, j) in names]
+        found = []
+        for j, rows in enumerate(handles):
+            if cls.keys_name(record, j) in names:
+                seen = cls.keys_name(record, j, "seen")
+                found.append(cls(record, j, rows,
+                                 graph.get_tensor_by_name(cls.keys_name(record, j) + ":0"),
+                                 graph.get_tensor_by_name(seen + ":0") if seen in names
+                                 else None))
+        return found
 
-    def give(self, unique: tf.Tensor, parts: int) -> tf.Tensor:
+    def give(self, unique: tf.Tensor, parts: int, step: Optional[tf.Tensor]) -> tf.Tensor:
         with tf.device(self.device):
             return give_rows(unique, self.keys, self.rows, self.record, self.index, parts,
-                             self.lock)[0]
+                             self.lock, self.seen, step)[0]
 
 
 def _row_handles(graph: tf.Graph, record: TableRecord) -> List[tf.Tensor]:
@@ -136,36 +155,46 @@ def _row_handles(graph: tf.Graph, record: TableRecord) -> List[tf.Tensor]:
     return [graph.get_operation_by_name(name).outputs[0] for name in shards or [record.variable]]
 
 
-def _rows(unique: tf.Tensor, parts: List[_Part]) -> tf.Tensor:
-    """The rows of distinct ids `unique`, each given by its part."""
+def _rows(unique: tf.Tensor, parts: List[_Part], step: Optional[tf.Tensor]) -> tf.Tensor:
+    """The rows of distinct ids `unique`, each given by its part (counted in `step`)."""
     if len(parts) == 1:
-        return parts[0].give(unique, 1)
+        return parts[0].give(unique, 1, step)
     owners = owner(unique, len(parts))
     keys = tf.dynamic_partition(unique, owners, len(parts))
     positions = tf.dynamic_partition(tf.range(tf.size(unique)), owners, len(parts))
-    return tf.dynamic_stitch(positions, [part.give(keys[j], len(parts))
+    return tf.dynamic_stitch(positions, [part.give(keys[j], len(parts), step)
                                          for j, part in enumerate(parts)])
 
 
 def _read_parts(graph: tf.Graph, op: tf.Operation, record: TableRecord,
-                parts: List[_Part]) -> None:
-    """An op on the script's table of keys, on the parts' instead: an export, a size, or (in a
-    job of one part, whose rows are one device's) an import."""
+                tables: List[tf.Tensor]) -> None:
+    """An op on one of the script's hash tables (its keys, its counts), on the parts' `tables`
+    instead: an export, a size, or an import (of keys: only in a job of one part, whose rows
+    are one device's; a restore of more parts moves the rows, `_as_one_device`)."""
     key_dtype = tf.as_dtype(record.key_dtype)
     with tf.device(op.device):
         if op.type == "LookupTableExportV2":
-            exports = [tf.raw_ops.LookupTableExportV2(table_handle=part.keys, Tkeys=key_dtype,
-                                                      Tvalues=tf.int64) for part in parts]
+            exports = [tf.raw_ops.LookupTableExportV2(
+                table_handle=table, Tkeys=key_dtype, Tvalues=op.get_attr("Tvalues"))
+                for table in tables]
             for index in (0, 1):
                 stand_in(graph, op.outputs[index], tf.concat([e[index] for e in exports], 0))
         elif op.type == "LookupTableSizeV2":
             stand_in(graph, op.outputs[0], tf.add_n([
-                tf.raw_ops.LookupTableSizeV2(table_handle=part.keys) for part in parts]))
-        elif op.type == "LookupTableImportV2" and len(parts) == 1:
-            imported = tf.raw_ops.LookupTableImportV2(table_handle=parts[0].keys,
-                                                      keys=op.inputs[1], values=op.inputs[2])
+                tf.raw_ops.LookupTableSizeV2(table_handle=table) for table in tables]))
+        elif op.type == "LookupTableImportV2" and (
+                len(tables) == 1 or op.inputs[0].op.name == record.seen):
+            keys, values = op.inputs[1], op.inputs[2]
+            owners = owner(keys, len(tables))
+            split_keys = tf.dynamic_partition(keys, owners, len(tables))
+            split_values = tf.dynamic_partition(values, owners, len(tables))
+            imported = []
+            for j, table in enumerate(tables):
+                with tf.device(table.op.device):
+                    imported.append(tf.raw_ops.LookupTableImportV2(
+                        table_handle=table, keys=split_keys[j], values=split_values[j]))
             for waiting in tf_private.control_outputs(op):  # a Saver's restore
-                tf_private.add_control_inputs(waiting, [imported])
+                tf_private.add_control_inputs(waiting, imported)
 
 
 def _as_one_device(graph: tf.Graph, op: tf.Operation, record: TableRecord,
@@ -259,14 +288,21 @@ def _members(graph: tf.Graph, record: TableRecord) -> List[str]:
 
 
 def keys_saveables(graph: tf.Graph) -> Dict[str, tf_private.SaveableObject]:
-    """Each table's keys as a Saver saves a table of keys ('<name>/keys-keys', '-values'),
-    for a Saver built on the rewritten graph (runtime/checkpoint.py)."""
+    """Each table's keys (and counts) as a Saver saves a hash table ('<name>/keys-keys',
+    '-values'), for a Saver built on the rewritten graph (runtime/checkpoint.py)."""
     saveables = {}
     for record in read_tables(graph):
         keys, rows = (_stand_in_of(graph, name) for name in record.exported)
         saveables[f"{record.name}/keys"] = _KeysSaveable(
             graph.get_operation_by_name(record.keys).outputs[0], keys, rows,
             f"{record.name}/keys")
+        if record.seen:
+            handle = graph.get_operation_by_name(record.seen).outputs[0]
+            with graph.as_default(), tf.name_scope(f"{record.name}_parts"):
+                seen = tf.raw_ops.LookupTableExportV2(
+                    table_handle=handle, Tkeys=tf.as_dtype(record.key_dtype), Tvalues=tf.int64)
+            saveables[f"{record.name}/seen"] = _KeysSaveable(handle, seen[0], seen[1],
+                                                             f"{record.name}/seen")
     return saveables
 
 
