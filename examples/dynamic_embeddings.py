@@ -77,6 +77,8 @@ def main():
                         help="train on one device, in a plain session")
     parser.add_argument("--ckpt-dir", help="save checkpoints here (and resume from them)")
     parser.add_argument("--save-steps", type=int, default=10)
+    parser.add_argument("--metrics-file", help="the driver appends the job's progress here "
+                        "(the ids each server holds among it)")
     options = parser.parse_args()
     tf.compat.v1.disable_eager_execution()
     graph = build()
@@ -91,7 +93,8 @@ def main():
             ckpt_dir=options.ckpt_dir, save_ckpt_steps=options.save_steps
         ) if options.ckpt_dir else parallax.CheckpointConfig()
         runner = parallax.get_runner(graph, options.resources, parallax.Config(
-            run_option=options.run_option, ckpt_config=checkpoints))
+            run_option=options.run_option, ckpt_config=checkpoints,
+            metrics_file=options.metrics_file))
         run, chief = runner.run, runner.is_chief
     step = run(tf.compat.v1.train.get_global_step(graph))  # a resumed job goes on from there
     while step < options.steps:

@@ -265,6 +265,7 @@ SERVER_STATE_COLLECTION = "parallax_server_state"  # variables the chief initial
 # drops them: TensorFlow warns that it cannot serialize them).
 PARTITIONER_CALLS_COLLECTION = "parallax_partitioner_calls"
 TABLES_COLLECTION = "parallax_dynamic_embeddings"  # TableRecord JSON, one per table
+TABLE_SIZES_COLLECTION = "parallax_table_sizes"  # {"name", "tensor"} JSON: a part's ids
 # Not a str: get_all_collection_keys, hence export_meta_graph (a Saver's meta graph of the
 # copy), skips it, as it holds a Python object no MetaGraphDef can.
 SPLIT_STATE_COLLECTION = ("parallax_split_state",)
@@ -529,6 +530,17 @@ def record_table(graph: tf.Graph, record: TableRecord) -> None:
 
 def read_tables(graph: tf.Graph) -> List[TableRecord]:
     return [TableRecord(**_decoded(text)) for text in graph.get_collection(TABLES_COLLECTION)]
+
+
+def record_table_size(graph: tf.Graph, name: str, tensor: tf.Tensor) -> None:
+    """A scalar the runner reports with each training step (metrics file, progress bar)."""
+    graph.add_to_collection(TABLE_SIZES_COLLECTION,
+                            json.dumps({"name": name, "tensor": tensor.name}))
+
+
+def read_table_sizes(graph: tf.Graph) -> Dict[str, str]:
+    return {entry["name"]: entry["tensor"] for entry in map(
+        _decoded, graph.get_collection(TABLE_SIZES_COLLECTION))}
 
 
 def record_split_state(graph: tf.Graph, state: Any) -> None:

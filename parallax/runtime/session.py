@@ -126,6 +126,10 @@ class ParallaxRunner(tf_private.SessionInterface):
                 lambda: recording.final_values(self.graph, self.run)))
         if check_input:
             made.append(stages.InputDigests(heartbeat, inputs))
+        sizes = contracts.read_table_sizes(self.session.graph)
+        if sizes and heartbeat is not None and self.is_chief:
+            made.append(stages.TableSizes({name: self.session.graph.get_tensor_by_name(tensor)
+                                           for name, tensor in sizes.items()}))
         if profiler is not None:
             made.append(stages.Profiling(profiler))
         made.append(self._checkpoints)

@@ -159,6 +159,18 @@ class Profiling(Stage):
             self._profiler.write(step.run_metadata, step.seconds)
 
 
+class TableSizes(Stage):
+    """The ids each server's part of a dynamic embedding holds, reported with each training
+    step as the script's own scalars are (read while the step runs)."""
+
+    def __init__(self, sizes: Dict[str, tf.Tensor]):
+        self._sizes = sizes
+
+    def before_run(self, step: Step) -> None:
+        if step.will_train():
+            step.reported.update(self._sizes)
+
+
 class Progress(Stage):
     """The driver's view of this worker's runs (runner.heartbeat): when one runs,
     its training steps, the scalars reported and a restore."""

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from parallax import tf_private
+from parallax import contracts, tf_private
 from parallax.contracts import TableRecord, read_tables
 from parallax.embeddings.initial_rows import key_bits, mix
 from parallax.embeddings.table import give_rows
@@ -52,6 +52,11 @@ def give_rows_on_servers(graph: tf.Graph, plan: Plan) -> tf.Graph:
         with graph.as_default():
             parts = [_Part.make(record, j, handle)
                      for j, handle in enumerate(_row_handles(graph, record))]
+            for part in parts:  # the ids each server holds, in the metrics
+                with tf.device(part.device):
+                    contracts.record_table_size(
+                        graph, f"{record.name} ids on server {plan.server_of(part.rows.op.name)}",
+                        tf.raw_ops.LookupTableSizeV2(table_handle=part.keys))
             for unique_name, given_name, step_name in record.lookups:
                 unique, given = (graph.get_tensor_by_name(name)
                                  for name in (unique_name, given_name))
