@@ -9,8 +9,11 @@ What one device computes, which a distributed job equals:
   (initial_rows.py: drawn from the id and the table's name, not from the order ids came in).
 - The lookup is a gather of the variable's rows, so its gradient is sparse (IndexedSlices) and
   any optimizer applies it as to a static table's rows, its slots kept per row: per id.
-  A row no id has reached stays zero, with zero slots, and no optimizer moves it.
-- Rows, slots and the keys are variables and a saveable table: a Saver saves them.
+  A row no id has reached stays zero, its slots at their first values, and no optimizer
+  moves it.
+- With min_count, an id gets its row at the min_count-th step it is seen in (`_admitted`);
+  until then it looks up its first value.
+- Rows, slots and the keys are variables and saveable tables: a Saver saves them.
 
 Under Parallax the variable is split over the parameter servers by a hash of the id and each
 server keeps the keys of its part (rewriting/passes/dynamic_tables.py); values never depend on
