@@ -15,7 +15,6 @@ import tensorflow as tf
 from parallax import collectives, contracts, launch
 from parallax.cluster import Cluster
 from parallax.config import Config, PlanOptions
-from parallax.contracts import read_tables
 from parallax.errors import ParallaxError
 from parallax.planning import cost, server_memory
 from parallax.planning.analysis import GraphAnalysis
@@ -134,7 +133,7 @@ def make_job_plans(graph: tf.Graph, analysis: GraphAnalysis, resources: str,
         measured = _driver_measurement(graph, analysis, resources, settings,
                                        collectives.choose(options.collectives))
         decision = decide(graph, analysis, measured, options)
-    elif read_tables(graph):  # split over every machine (planning/proposal.py: table_splits)
+    elif contracts.read_tables(graph):  # split over every machine (planning/proposal.py: table_splits)
         decision = decide(graph, analysis, Measurements(
             launch.workers_per_machine(resources),
             problem="nothing measured; dynamic embeddings split over every machine"),

@@ -74,6 +74,18 @@ def load_values(session, variables, values) -> None:
     session.run(initializers, {op.inputs[1]: value for op, value in zip(initializers, values)})
 
 
+def slots_of(graph: tf.Graph, name: str) -> List[tf.Variable]:
+    """The global variables TensorFlow colocated with variable `name` that have as many rows:
+    its optimizer slots (slot_creator colocates a slot with its primary)."""
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    primary = [v for v in variables if v.op.name == name]
+    if not primary or not primary[0].shape.rank:
+        return []
+    group = f"loc:@{name}".encode()
+    return [v for v in variables if v.op.name != name and group in v.op.colocation_groups()
+            and v.shape.rank and v.shape[0] == primary[0].shape[0]]
+
+
 # -- walks ----------------------------------------------------------------------------------
 Node = TypeVar("Node", bound=Hashable)
 

@@ -27,7 +27,6 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _TRUNCATE_AT = 2.0  # TensorFlow's truncated normal: redrawn beyond two standard deviations
 QUANTILES = 4096
-KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 # Initializer classes by name (tf.compat.v1, TF2 and Keras spell them alike) -> our kind and
 # the config keys of its two parameters.
 _BY_CLASS = {"Zeros": ("zeros", None, None), "Ones": ("constant", None, None),
@@ -52,13 +51,13 @@ def key_bits(keys: tf.Tensor) -> tf.Tensor:
 
 
 def seed_of(text: str) -> int:
-    return int(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(),
-                                    "little"))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 @dataclasses.dataclass(frozen=True)
 class RowInitializer:
-    """What a table's new row is drawn from: `kind` (one of KINDS) with parameters `a`
+    """What a table's new row is drawn from: `kind` ('zeros', 'constant', 'uniform', 'normal'
+    or 'truncated_normal') with parameters `a`
     (value, minval or mean) and `b` (maxval or stddev), and the table's seed."""
     kind: str
     a: float

@@ -67,12 +67,12 @@ class DynamicEmbedding:
             key_dtype, tf.int64, default_value=[0, -1], name=f"{name}/seen"
         ) if min_count > 1 else None
         with tf.compat.v1.name_scope(name):
-            exported = self.keys.export()
+            self._exported = self.keys.export()  # what the rewrite reads from the servers
         self._record = TableRecord(
             name, dim, capacity, key_dtype.name, dtype.name, self.variable.op.name,
             self.keys.resource_handle.op.name, dataclasses.asdict(self._initializer),
             min_count, self.seen.resource_handle.op.name if self.seen else "",
-            exported=[tensor.name for tensor in exported])
+            exported=[tensor.name for tensor in self._exported])
         contracts.record_table(graph, self._record)
 
     def lookup(self, ids: Union[tf.Tensor, tf.SparseTensor], combiner: Optional[str] = None,
@@ -169,7 +169,7 @@ class DynamicEmbedding:
 
     def export(self):
         """(keys, rows' values) of every id in the table, in no particular order."""
-        keys, rows = self.keys.export()
+        keys, rows = self._exported
         return keys, tf.gather(self.variable.read_value(), rows)
 
 

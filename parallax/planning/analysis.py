@@ -6,7 +6,6 @@ attributes), so it works on a graph imported from a MetaGraphDef as well as on o
 from __future__ import annotations
 
 import collections
-import re
 import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -15,10 +14,10 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.capture import batch_moments
-from parallax.contracts import GradientRecord
-from parallax.contracts import read_tables
+from parallax.contracts import GradientRecord, read_tables
 from parallax.errors import ParallaxError
 from parallax.planning import counters
+from parallax.planning.problem import whole_name
 from parallax.vocabulary import (DATA_SOURCE_OPS, DIVIDING_OPS, FUNCTION_CALL_OPS,
                                  PLACEHOLDER_OPS, RESTORE_OP_TYPES, SHAPE_ONLY_OPS,
                                  STATEFUL_RANDOM_OP_TYPES, VARIABLE_OP_TYPES, downstream_ops,
@@ -563,7 +562,7 @@ def _writes_by_variable(graph: tf.Graph) -> Dict[str, List[str]]:
     # also where the split wrote them per shard ('<write>/part_<j>').
     first_values = {name for table in read_tables(graph) for name in table.first_values}
     for op in graph.get_operations():
-        if re.sub(r"/part_\d+$", "", op.name) in first_values:
+        if whole_name(op.name) in first_values:
             continue
         if op.type.startswith(_FUSED_UPDATE_PREFIXES):
             written = op.inputs

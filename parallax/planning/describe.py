@@ -11,7 +11,7 @@ from parallax.contracts import TableRecord
 from parallax.planning import cost
 from parallax.planning.analysis import GraphAnalysis
 from parallax.planning.job_plan import Plan, Sync, cost_shape
-from parallax.planning.problem import shard_name
+from parallax.planning.problem import shards_in
 
 
 def describe(plan: Plan, analysis: Optional[GraphAnalysis] = None,
@@ -93,10 +93,7 @@ def _dynamic_embeddings(plan: Plan, tables: Sequence[TableRecord]) -> List[str]:
     rows and keys of the ids a hash gives it, and its rows' slots."""
     lines = []
     for table in tables:
-        parts = []
-        while shard_name(table.variable, len(parts)) in plan.variables:
-            parts.append(shard_name(table.variable, len(parts)))
-        parts = parts or [table.variable]
+        parts = shards_in(table.variable, plan.variables) or [table.variable]
         if parts[0] not in plan.variables:  # not trained: among the other variables
             continue
         rows = sorted({plan.variables[name].variable.shape[0] for name in parts})

@@ -5,7 +5,8 @@ graph and the options allow. planner.pose makes it from a graph's analysis and m
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, FrozenSet, List, Optional, Tuple
+import re
+from typing import Collection, Dict, FrozenSet, List, Optional, Tuple
 
 from parallax.planning.cost import (Collective, CpuBudget, Links, Shape, Transport,
                                     VariableStats, shared_compute)
@@ -111,3 +112,16 @@ def shard_name(variable: str, j: int) -> str:
     """Shard j of a variable in row shards: TensorFlow's name for a partitioned variable's,
     which Parallax's own split (rewriting/split_variables.py) uses too."""
     return f"{variable}/part_{j}"
+
+
+def whole_name(name: str) -> str:
+    """The variable shard `name` (shard_name's) is of; `name` itself if not a shard's."""
+    return re.sub(r"/part_\d+$", "", name)
+
+
+def shards_in(variable: str, names: Collection[str]) -> List[str]:
+    """The names of `variable`'s shards among `names`, in order (none: it is not split)."""
+    shards = []
+    while shard_name(variable, len(shards)) in names:
+        shards.append(shard_name(variable, len(shards)))
+    return shards

@@ -5,14 +5,15 @@ for its memory, nor a job stopped at its restore."""
 from __future__ import annotations
 
 import collections
-import re
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import tensorflow as tf
 
 from parallax import contracts
 from parallax.errors import ParallaxError
 from parallax.planning.job_plan import Plan
+from parallax.planning.problem import whole_name
+from parallax.vocabulary import slots_of
 
 
 def held_bytes(graph: tf.Graph, plan: Plan) -> Dict[int, Dict[str, int]]:
@@ -22,8 +23,8 @@ def held_bytes(graph: tf.Graph, plan: Plan) -> Dict[int, Dict[str, int]]:
     for name, variable_plan in plan.variables.items():
         if variable_plan.server is None:
             continue
-        whole = re.sub(r"/part_\d+$", "", name)
-        slots = len(_slots(graph, whole))
+        whole = whole_name(name)
+        slots = len(slots_of(graph, whole))
         held[variable_plan.server][whole] = held[variable_plan.server].get(whole, 0) + (
             variable_plan.variable.nbytes * (1 + slots))
     return held
@@ -69,13 +70,3 @@ def check_checkpoint(graph: tf.Graph, checkpoint: Optional[str]) -> None:
                 f"{ids} ids in a table of capacity {saved[0]}, the table's capacity is "
                 f"{table.capacity}; build the table with capacity={saved[0]}")
 
-
-def _slots(graph: tf.Graph, name: str) -> List[str]:
-    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-    found = [v for v in variables if v.op.name == name]
-    if not found:
-        return []
-    rows = found[0].shape[0] if found[0].shape.rank else None
-    group = f"loc:@{name}".encode()
-    return [v.op.name for v in variables if v.op.name != name
-            and group in v.op.colocation_groups() and v.shape.rank and v.shape[0] == rows]

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from parallax import contracts, tf_private
 from parallax.planning.problem import shard_name
-from parallax.vocabulary import FUNCTION_CALL_OPS, initializer_op
+from parallax.vocabulary import FUNCTION_CALL_OPS, initializer_op, slots_of
 
 # Elementwise ops: computed per shard when every operand not split broadcasts over the rows.
 _ELEMENTWISE = frozenset({
@@ -91,9 +91,7 @@ def families_of(graph: tf.Graph, splits: Dict[str, int]) -> Dict[str, Family]:
         if not all(r.is_sparse for r in own):
             raise NotSplittable(f"{name!r} has a dense gradient")
         rows = tf.compat.dimension_value(variables[name].shape[0])
-        slots = [other for other, v in variables.items() if other != name
-                 and f"loc:@{name}".encode() in v.op.colocation_groups()
-                 and v.shape.rank and v.shape[0] == rows and v.op.type == "VarHandleOp"]
+        slots = [v.op.name for v in slots_of(graph, name) if v.op.type == "VarHandleOp"]
         dense = [r.variable for r in records if r.variable in slots and not r.is_sparse]
         if dense:
             raise NotSplittable(f"{dense[0]!r}, colocated with {name!r} with as many rows, "

@@ -29,7 +29,7 @@ from parallax.planning.analysis import GraphAnalysis
 from parallax.runtime import fetches as fetches_structure
 from parallax.runtime import input_check
 from parallax.vocabulary import (STATEFUL_RANDOM_OP_TYPES, load_values, reached,
-                                 start_queue_runners)
+                                 slots_of, start_queue_runners)
 
 # Random draws of a step: recorded where one value is drawn for each example (dropout's mask,
 # an augmentation's flip), so that one device draws the workers' values for the combined batch.
@@ -67,12 +67,8 @@ def final_values(graph: tf.Graph, run) -> Dict[str, np.ndarray]:
     for table in contracts.read_tables(graph):
         keys, rows = run([graph.get_tensor_by_name(name) for name in table.exported])
         order = np.argsort(keys, kind="stable")
-        colocated = f"loc:@{table.variable}".encode()
-        for variable in variables(graph):
-            if variable.op.name == table.variable or (
-                    colocated in variable.op.colocation_groups()
-                    and variable.shape.rank and variable.shape[0] == table.capacity):
-                values[variable.op.name] = values[variable.op.name][rows[order]]
+        for name in [table.variable] + [v.op.name for v in slots_of(graph, table.variable)]:
+            values[name] = values[name][rows[order]]
         values[f"{table.name}/keys"] = keys[order]
     return values
 

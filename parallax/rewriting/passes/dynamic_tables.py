@@ -29,7 +29,7 @@ from parallax.contracts import TableRecord, read_tables
 from parallax.embeddings.initial_rows import key_bits, mix
 from parallax.embeddings.table import give_rows
 from parallax.planning.job_plan import Plan
-from parallax.planning.problem import shard_name
+from parallax.planning.problem import shards_in
 from parallax.rewriting.passes import graph_pass, with_servers
 from parallax.rewriting.rewire import reroute
 from parallax.rewriting.split_variables import replacement, split_families, stand_in
@@ -154,10 +154,8 @@ class _Part:
 def _row_handles(graph: tf.Graph, record: TableRecord) -> List[tf.Tensor]:
     """The handles of the variable's parts: its shards, or itself where it is whole."""
     names = {op.name for op in graph.get_operations() if op.type == "VarHandleOp"}
-    shards = []
-    while shard_name(record.variable, len(shards)) in names:
-        shards.append(shard_name(record.variable, len(shards)))
-    return [graph.get_operation_by_name(name).outputs[0] for name in shards or [record.variable]]
+    return [graph.get_operation_by_name(name).outputs[0]
+            for name in shards_in(record.variable, names) or [record.variable]]
 
 
 def _rows(unique: tf.Tensor, parts: List[_Part], step: Optional[tf.Tensor]) -> tf.Tensor:
